@@ -1,0 +1,1 @@
+"""finetune-operator: plan, render and run distributed LLM fine-tuning on Kubernetes."""

@@ -1,0 +1,87 @@
+"""Shared building blocks of the FineTuneJob API models.
+
+Every model is frozen, rejects unknown fields and speaks camelCase on the wire, so
+the object a handler receives can be passed around without defensive copies and
+round-trips exactly through the apiserver. Kubernetes quantities ("80Gi", 8, "500m")
+are kept as the user wrote them and parsed on demand.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+QUANTITY_PATTERN = r"^(\+)?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$"
+_QUANTITY_RE = re.compile(QUANTITY_PATTERN)
+_SUFFIX = {
+    "": Decimal(1),
+    "m": Decimal("0.001"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class ApiModel(BaseModel):
+    """Base of every API model: frozen, strict about unknown fields, camelCase aliases."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        validate_default=False,
+        use_enum_values=True,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The object as the apiserver stores it: camelCase keys, no unset optionals."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def parse_quantity(value: str | int | float) -> Decimal:
+    """Parse a Kubernetes quantity ("80Gi", "1.5G", 8, "500m") into a Decimal."""
+    if isinstance(value, (int, float)):
+        return Decimal(str(value))
+    match = _QUANTITY_RE.match(value.strip())
+    if not match:
+        raise ValueError(f"not a Kubernetes quantity: {value!r} (examples: 80Gi, 24Gi, 512Mi, 8, 500m)")
+    number, suffix = match.group(2), match.group(4) or ""
+    return Decimal(number) * _SUFFIX[suffix]
+
+
+def quantity_bytes(value: str | int | float) -> int:
+    """A memory quantity in whole bytes."""
+    return int(parse_quantity(value))
+
+
+def _check_quantity(value: str | int) -> str | int:
+    if isinstance(value, bool):
+        raise ValueError("must be a Kubernetes quantity such as 80Gi or 8, not a boolean")
+    parse_quantity(value)
+    return value
+
+
+Quantity = Annotated[
+    str | int,
+    AfterValidator(_check_quantity),
+    Field(json_schema_extra={"x-ftjob-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+]
+"""A Kubernetes quantity; rendered in the CRD as int-or-string with the quantity pattern."""

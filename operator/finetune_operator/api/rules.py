@@ -1,0 +1,41 @@
+"""Rules that span several fields, written once and enforced twice.
+
+Each rule carries a CEL expression (emitted into the CRD as `x-kubernetes-validations`,
+so the apiserver rejects the object) and an equivalent Python predicate (run by the
+pydantic model, so `ftjob validate` and the operator give the same verdict offline).
+Keeping both in one record is what stops the two from drifting; a cluster-tier test
+feeds every rule's counter-example to the real apiserver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CrossFieldRule:
+    """A rule on one object of the API.
+
+    `cel` sees the object as `self`; `check` gets the validated pydantic model and
+    returns True when the object is acceptable. `field_path` is where the message
+    points, relative to the object (e.g. ".offloadParams").
+    """
+
+    cel: str
+    message: str
+    check: Callable[[Any], bool]
+    field_path: str = ""
+    transition: bool = False
+
+    def to_crd(self) -> dict[str, str]:
+        rule: dict[str, str] = {"rule": self.cel, "message": self.message}
+        if self.field_path:
+            rule["fieldPath"] = self.field_path
+        return rule
+
+
+def rules_of(model: type[Any]) -> tuple[CrossFieldRule, ...]:
+    """The rules declared on a model class through its `__rules__` attribute."""
+    return tuple(getattr(model, "__rules__", ()))

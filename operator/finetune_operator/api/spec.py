@@ -1,0 +1,556 @@
+"""The desired state of a FineTuneJob: what to train, on what, and how.
+
+These frozen models are the single source of truth for the API: the CRD in `crds/`
+is generated from them (`python -m finetune_operator.api.crdgen`), and everything
+downstream (planner, renderers, trainer) receives them already validated.
+Cross-field rules live in `__rules__` (see `rules.py`) so the apiserver enforces
+them too.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from .base import (
+    DNS_SUBDOMAIN_PATTERN,
+    ENV_NAME_PATTERN,
+    ApiModel,
+    Quantity,
+    quantity_bytes,
+)
+from .rules import CrossFieldRule, rules_of
+
+RULE_MARK = "\x1frule:"
+
+URI_PATTERN = r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|file:///[^\s]*|/[^\s]*|builtin://[a-z0-9][-a-z0-9]*|[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+)$"
+"""Where a model or dataset lives: `hf://org/name` or `org/name` (hub id), `pvc://claim/path`,
+`file:///abs/path` or `/abs/path` (inside the container), `builtin://name` (generated in code)."""
+
+RESERVED_ENV = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "NNODES",
+    "CROSS_RANK",
+    "CROSS_SIZE",
+    "CUDA_VISIBLE_DEVICES",
+    "FTJOB_CONFIG_DIR",
+    "FTJOB_OUTPUT_DIR",
+    "FTJOB_POD_NAME",
+    "FTJOB_NAMESPACE",
+)
+"""Names the operator sets itself; a user value would silently break the rendezvous."""
+
+PLANNER_OWNED_DEEPSPEED_KEYS = (
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "zero_optimization.stage",
+    "zero_optimization.offload_optimizer",
+    "zero_optimization.offload_param",
+    "bf16",
+    "fp16",
+    "gradient_clipping",
+    "optimizer",
+    "scheduler",
+)
+"""DeepSpeed keys the plan decides; overriding them would desynchronise plan and run."""
+
+
+class RuledModel(ApiModel):
+    """A model whose `__rules__` are checked in Python as well as by the apiserver."""
+
+    __rules__: ClassVar[tuple[CrossFieldRule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> Any:
+        for rule in rules_of(type(self)):
+            if not rule.transition and not rule.check(self):
+                raise ValueError(f"{RULE_MARK}{rule.field_path}{RULE_MARK}{rule.message}")
+        return self
+
+
+class ModelSpec(ApiModel):
+    """The base model to fine-tune."""
+
+    uri: Annotated[str, Field(max_length=512, pattern=URI_PATTERN)] = Field(
+        description="Where the model is: hub id (`org/name` or `hf://org/name`), "
+        "`pvc://claim/path`, an absolute path in the container, or `builtin://tiny-llama`."
+    )
+    revision: Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")] | None = Field(
+        default=None, description="Hub revision (branch, tag or commit)."
+    )
+    tokenizer: Annotated[str, Field(max_length=512, pattern=URI_PATTERN)] | None = Field(
+        default=None, description="Tokenizer location when it differs from the model's."
+    )
+    trust_remote_code: bool = Field(default=False, description="Allow code from the model repository to run.")
+    architecture: Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")] | None = Field(
+        default=None,
+        description="Catalogue name used for planning when the operator cannot read the model's "
+        "config.json (e.g. `meta-llama/Llama-3.1-8B`). Defaults to the model's hub id.",
+    )
+
+
+class DatasetFormat(StrEnum):
+    ALPACA = "alpaca"
+    SHAREGPT = "sharegpt"
+    MESSAGES = "messages"
+    TEXT = "text"
+
+
+class MalformedLinePolicy(StrEnum):
+    FAIL = "Fail"
+    SKIP = "Skip"
+
+
+class DatasetSpec(ApiModel):
+    """The training data."""
+
+    uri: Annotated[str, Field(max_length=512, pattern=URI_PATTERN)] = Field(
+        description="JSONL/JSON/Parquet file or folder (`pvc://`, absolute path), a `datasets` hub id, "
+        "or `builtin://reverse-words` (the generated demo task)."
+    )
+    format: DatasetFormat = Field(default=DatasetFormat.ALPACA, description="Record layout.")
+    validation_split: Annotated[float, Field(ge=0.0, le=0.5)] = Field(
+        default=0.05, description="Fraction of records held out for evaluation (0 to 0.5)."
+    )
+    max_seq_length: Annotated[int, Field(ge=16, le=131072)] = Field(
+        default=2048, description="Tokens per sequence after truncation or packing."
+    )
+    packing: bool = Field(default=False, description="Pack several samples per sequence, without cross-attention.")
+    on_malformed_line: MalformedLinePolicy = Field(
+        default=MalformedLinePolicy.FAIL,
+        description="Fail on the first malformed record, or Skip it and count it in status.",
+    )
+
+
+class MethodType(StrEnum):
+    LORA = "lora"
+    QLORA = "qlora"
+    FULL = "full"
+
+
+class LoraSpec(ApiModel):
+    """Low-rank adapter settings (LoRA and QLoRA)."""
+
+    r: Annotated[int, Field(ge=1, le=1024)] = Field(default=16, description="Adapter rank.")
+    alpha: Annotated[int, Field(ge=1, le=4096)] = Field(default=32, description="Scaling numerator (alpha / r).")
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(default=0.05, description="Dropout on adapter inputs.")
+    target_modules: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.*-]+$")]],
+        Field(min_length=1, max_length=64),
+    ] = Field(
+        default_factory=lambda: ["all-linear"],
+        description="Module names to adapt; `all-linear` adapts every linear layer but the output head.",
+    )
+
+
+class QuantType(StrEnum):
+    NF4 = "nf4"
+    FP4 = "fp4"
+
+
+class QloraSpec(ApiModel):
+    """4-bit quantisation of the frozen base (bitsandbytes)."""
+
+    quant_type: QuantType = Field(default=QuantType.NF4, description="4-bit data type.")
+    double_quant: bool = Field(default=True, description="Quantise the quantisation constants too.")
+    compute_dtype: Literal["bfloat16", "float16"] | None = Field(
+        default=None, description="Dtype of the dequantised matmuls; defaults to the training precision."
+    )
+
+
+class MethodSpec(RuledModel):
+    """How the weights are adapted."""
+
+    type: MethodType = Field(default=MethodType.LORA, description="lora, qlora or full fine-tuning.")
+    lora: LoraSpec | None = Field(default=None, description="Adapter settings (lora and qlora).")
+    qlora: QloraSpec | None = Field(default=None, description="Quantisation settings (qlora only).")
+
+    __rules__ = (
+        CrossFieldRule(
+            cel="self.type == 'qlora' || !has(self.qlora)",
+            message="qlora settings are only allowed when type is qlora",
+            field_path=".qlora",
+            check=lambda m: m.type == MethodType.QLORA or m.qlora is None,
+        ),
+        CrossFieldRule(
+            cel="self.type != 'full' || !has(self.lora)",
+            message="lora settings are not allowed when type is full",
+            field_path=".lora",
+            check=lambda m: m.type != MethodType.FULL or m.lora is None,
+        ),
+    )
+
+    @property
+    def lora_or_default(self) -> LoraSpec:
+        return self.lora or LoraSpec()
+
+    @property
+    def qlora_or_default(self) -> QloraSpec:
+        return self.qlora or QloraSpec()
+
+
+class Precision(StrEnum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+
+class LrSchedule(StrEnum):
+    COSINE = "cosine"
+    LINEAR = "linear"
+    CONSTANT = "constant"
+
+
+AutoInt = Annotated[
+    int | Literal["auto"],
+    Field(json_schema_extra={"x-ftjob-int-or-string": True}),
+]
+
+
+class TrainingSpec(RuledModel):
+    """Optimisation hyper-parameters and the checkpoint/eval cadence."""
+
+    epochs: Annotated[float, Field(gt=0, le=1000)] | None = Field(
+        default=None, description="Passes over the data (default 1 when maxSteps is not set)."
+    )
+    max_steps: Annotated[int, Field(ge=1, le=10_000_000)] | None = Field(
+        default=None, description="Optimizer steps; exclusive with epochs."
+    )
+    micro_batch_size: AutoInt = Field(
+        default="auto", description="Sequences per GPU per forward pass, or `auto` to let the planner choose."
+    )
+    global_batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        default=32, description="Sequences per optimizer step over all GPUs."
+    )
+    learning_rate: Annotated[float, Field(gt=0, le=1)] = Field(default=2.0e-4, description="Peak learning rate.")
+    lr_schedule: LrSchedule = Field(default=LrSchedule.COSINE, description="Decay after warmup.")
+    warmup_ratio: Annotated[float, Field(ge=0, le=0.5)] = Field(
+        default=0.03, description="Fraction of steps spent warming up linearly."
+    )
+    weight_decay: Annotated[float, Field(ge=0, le=1)] = Field(default=0.0, description="AdamW weight decay.")
+    max_grad_norm: Annotated[float, Field(ge=0, le=1000)] = Field(
+        default=1.0, description="Gradient clipping norm; 0 disables clipping."
+    )
+    gradient_checkpointing: Literal["auto", "true", "false"] = Field(
+        default="auto",
+        description="Recompute activations in backward: `auto` (the planner decides), `true` or `false`. "
+        "YAML booleans are accepted.",
+        json_schema_extra={"x-ftjob-bool-or-auto": True},
+    )
+    precision: Precision = Field(default=Precision.BF16, description="bf16, fp16 (with loss scaling) or fp32.")
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = Field(default=42, description="Seed for init and shuffling.")
+    checkpoint_every_steps: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        default=100, description="Save a resumable checkpoint every N optimizer steps."
+    )
+    checkpoints_to_keep: Annotated[int, Field(ge=1, le=100)] = Field(
+        default=2, description="Newest checkpoints kept on the output volume."
+    )
+    eval_every_steps: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        default=None, description="Evaluate every N steps (default: at the end only)."
+    )
+
+    __rules__ = (
+        CrossFieldRule(
+            cel="!(has(self.epochs) && has(self.maxSteps))",
+            message="set epochs or maxSteps, not both",
+            field_path=".maxSteps",
+            check=lambda t: not (t.epochs is not None and t.max_steps is not None),
+        ),
+        CrossFieldRule(
+            cel="type(self.microBatchSize) == string || self.globalBatchSize % self.microBatchSize == 0",
+            message="globalBatchSize must be a multiple of microBatchSize",
+            field_path=".globalBatchSize",
+            check=lambda t: t.micro_batch_size == "auto" or t.global_batch_size % t.micro_batch_size == 0,
+        ),
+    )
+
+    @field_validator("gradient_checkpointing", mode="before")
+    @classmethod
+    def _bool_to_text(cls, value: object) -> object:
+        return str(value).lower() if isinstance(value, bool) else value
+
+    @field_validator("micro_batch_size", mode="after")
+    @classmethod
+    def _positive_micro_batch(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= 4096:
+            raise ValueError("must be `auto` or an integer from 1 to 4096")
+        return value
+
+
+class Toleration(ApiModel):
+    """A pod toleration, as in the core API."""
+
+    key: Annotated[str, Field(max_length=253)] | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: Annotated[str, Field(max_length=63)] | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class ResourcesSpec(RuledModel):
+    """Where the ranks run: nodes, GPUs per node and what each pod requests."""
+
+    num_nodes: Annotated[int, Field(ge=1, le=512)] = Field(default=1, description="Pods (one per node).")
+    gpus_per_node: Annotated[int, Field(ge=0, le=16)] = Field(
+        default=1, description="GPUs per pod; 0 runs one CPU rank per pod (tests, demos)."
+    )
+    gpu_memory: Quantity = Field(default="80Gi", description="Memory of each GPU, e.g. 24Gi, 80Gi, 141Gi.")
+    cpu: Quantity | None = Field(default=None, description="CPU request and limit of each pod.")
+    memory: Quantity | None = Field(default=None, description="Host memory request and limit of each pod.")
+    node_selector: dict[
+        Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]
+    ] | None = Field(default=None, description="Node labels the pods must match.")
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = Field(
+        default=None, description="Taints the pods tolerate."
+    )
+    priority_class_name: Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] | None = Field(
+        default=None, description="PriorityClass of the pods."
+    )
+
+    __rules__ = (
+        CrossFieldRule(
+            cel="!has(self.numNodes) || !has(self.gpusPerNode) || self.numNodes * self.gpusPerNode <= 4096",
+            message="numNodes × gpusPerNode must not exceed 4096",
+            field_path=".numNodes",
+            check=lambda r: r.num_nodes * r.gpus_per_node <= 4096,
+        ),
+    )
+
+    @property
+    def gpu_memory_bytes(self) -> int:
+        return quantity_bytes(self.gpu_memory)
+
+    @property
+    def ranks_per_node(self) -> int:
+        return max(self.gpus_per_node, 1)
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.ranks_per_node
+
+    @field_validator("gpu_memory", mode="after")
+    @classmethod
+    def _gpu_memory_sane(cls, value: str | int) -> str | int:
+        if quantity_bytes(value) < 2**30:
+            raise ValueError("must be at least 1Gi (write it like 24Gi or 80Gi)")
+        return value
+
+
+ZeroStage = Annotated[
+    int | Literal["auto"],
+    Field(json_schema_extra={"x-ftjob-int-or-string": True, "enum": ["auto", 0, 1, 2, 3]}),
+]
+
+
+class Offload(StrEnum):
+    AUTO = "auto"
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"
+
+
+class DeepSpeedSpec(RuledModel):
+    """DeepSpeed strategy: `auto` lets the planner pick the cheapest one that fits."""
+
+    zero_stage: ZeroStage = Field(default="auto", description="ZeRO stage 0-3, or `auto`.")
+    offload_optimizer: Offload = Field(default=Offload.AUTO, description="Where optimizer states live.")
+    offload_params: Offload = Field(default=Offload.AUTO, description="Where parameters live (ZeRO-3 only).")
+    nvme_path: Annotated[str, Field(max_length=256, pattern=r"^/[^\s]*$")] | None = Field(
+        default=None, description="Local NVMe mount used by nvme offload."
+    )
+    overrides: dict[
+        Annotated[str, Field(max_length=128, pattern=r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$")],
+        bool | int | float | str,
+    ] | None = Field(
+        default=None,
+        description="Extra DeepSpeed config keys in dotted form, e.g. `zero_optimization.overlap_comm: true`. "
+        "Keys the plan owns (batch sizes, stage, offload, precision, optimizer) are rejected.",
+        json_schema_extra={"x-ftjob-preserve-unknown": True},
+    )
+
+    __rules__ = (
+        CrossFieldRule(
+            cel="self.offloadParams in ['auto', 'none'] || self.zeroStage == 'auto' || self.zeroStage == 3",
+            message="parameter offload exists only at ZeRO-3: set zeroStage to 3 or auto",
+            field_path=".offloadParams",
+            check=lambda d: d.offload_params in ("auto", "none") or d.zero_stage in ("auto", 3),
+        ),
+        CrossFieldRule(
+            cel="!(self.offloadOptimizer == 'nvme' || self.offloadParams == 'nvme') || has(self.nvmePath)",
+            message="nvme offload needs nvmePath",
+            field_path=".nvmePath",
+            check=lambda d: not ("nvme" in (d.offload_optimizer, d.offload_params)) or d.nvme_path is not None,
+        ),
+        CrossFieldRule(
+            cel="self.offloadOptimizer in ['auto', 'none'] || self.zeroStage == 'auto' || self.zeroStage >= 1",
+            message="optimizer offload needs ZeRO stage 1, 2 or 3 (or auto)",
+            field_path=".offloadOptimizer",
+            check=lambda d: d.offload_optimizer in ("auto", "none") or d.zero_stage == "auto" or d.zero_stage >= 1,
+        ),
+    )
+
+    @field_validator("overrides", mode="after")
+    @classmethod
+    def _no_planner_keys(
+        cls, value: dict[str, bool | int | float | str] | None
+    ) -> dict[str, bool | int | float | str] | None:
+        for key in value or {}:
+            for owned in PLANNER_OWNED_DEEPSPEED_KEYS:
+                if key == owned or key.startswith(owned + "."):
+                    raise ValueError(f"key {key!r} is set by the plan and cannot be overridden")
+        return value
+
+
+class OutputSpec(ApiModel):
+    """Where checkpoints and the trained adapter go."""
+
+    uri: Annotated[str, Field(max_length=512, pattern=r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$")] = Field(
+        description="`pvc://claim/path` (the claim must exist; it is never deleted) or a path in the container."
+    )
+    merged_model: bool = Field(default=False, description="Also export base + adapter merged, in safetensors.")
+
+
+class SecretKeyRef(ApiModel):
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+
+
+class EnvSource(ApiModel):
+    secret_key_ref: SecretKeyRef = Field(description="Read the value from a Secret (never through the operator).")
+
+
+class EnvVar(RuledModel):
+    """An environment variable for the trainer container."""
+
+    name: Annotated[str, Field(min_length=1, max_length=128, pattern=ENV_NAME_PATTERN)]
+    value: Annotated[str, Field(max_length=32768)] | None = None
+    value_from: EnvSource | None = None
+
+    __rules__ = (
+        CrossFieldRule(
+            cel="has(self.value) != has(self.valueFrom)",
+            message="set exactly one of value and valueFrom",
+            check=lambda e: (e.value is None) != (e.value_from is None),
+        ),
+        CrossFieldRule(
+            cel="!(self.name in " + "[" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "])",
+            message="this name is reserved: the operator sets it (" + ", ".join(RESERVED_ENV) + ")",
+            field_path=".name",
+            check=lambda e: e.name not in RESERVED_ENV,
+        ),
+    )
+
+
+class OomAction(StrEnum):
+    REPLAN = "Replan"
+    FAIL = "Fail"
+
+
+class FailurePolicy(ApiModel):
+    """What happens when a rank fails."""
+
+    backoff_limit: Annotated[int, Field(ge=0, le=100)] = Field(
+        default=3, description="Gang restarts allowed before the job is Failed."
+    )
+    on_out_of_memory: OomAction = Field(
+        default=OomAction.REPLAN, description="Replan (next more frugal strategy) or Fail."
+    )
+
+
+class FineTuneJobSpec(RuledModel):
+    """A fine-tuning run, as a user asks for it."""
+
+    model: ModelSpec
+    dataset: DatasetSpec
+    method: MethodSpec = Field(default_factory=MethodSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    deepspeed: DeepSpeedSpec = Field(default_factory=DeepSpeedSpec)
+    output: OutputSpec
+    image: Annotated[str, Field(max_length=512, pattern=r"^[^\s]+$")] | None = Field(
+        default=None, description="Trainer image; defaults to the operator's configured trainer image."
+    )
+    env: Annotated[list[EnvVar], Field(max_length=64)] | None = Field(
+        default=None, description="Extra environment for the trainer (secrets only via valueFrom.secretKeyRef)."
+    )
+    hf_token_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding a hub token, exposed to the trainer as HF_TOKEN."
+    )
+    suspend: bool = Field(default=False, description="Scale the workers to 0 while true; resume from checkpoint.")
+    failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+    active_deadline_seconds: Annotated[int, Field(ge=1, le=31_536_000)] | None = Field(
+        default=None, description="Fail with DeadlineExceeded after this many seconds of running."
+    )
+    ttl_seconds_after_finished: Annotated[int, Field(ge=0, le=31_536_000)] | None = Field(
+        default=None, description="Delete the job this long after it Succeeded or Failed."
+    )
+
+    __rules__ = (
+        CrossFieldRule(
+            cel="!has(self.method) || !has(self.method.type) || self.method.type != 'qlora' "
+            "|| !has(self.training) || !has(self.training.precision) || self.training.precision != 'fp32'",
+            message="qlora needs a 16-bit compute dtype: set training.precision to bf16 or fp16",
+            field_path=".training.precision",
+            check=lambda s: s.method.type != MethodType.QLORA or s.training.precision != Precision.FP32,
+        ),
+        CrossFieldRule(
+            cel="!has(self.env) || self.env.all(e, self.env.exists_one(f, f.name == e.name))",
+            message="env names must be unique",
+            field_path=".env",
+            check=lambda s: len({e.name for e in s.env or []}) == len(s.env or []),
+        ),
+    )
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.world_size
+
+
+def _same_optional(field: str) -> str:
+    return (
+        f"has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || self.{field} == oldSelf.{field})"
+    )
+
+
+def _same_defaulted(parent: str, field: str, default: int) -> str:
+    def value(obj: str) -> str:
+        return f"(has({obj}.{parent}) && has({obj}.{parent}.{field}) ? {obj}.{parent}.{field} : {default})"
+
+    return f"{value('self')} == {value('oldSelf')}"
+
+
+IMMUTABLE_SPEC_RULES: tuple[CrossFieldRule, ...] = (
+    *(
+        CrossFieldRule(
+            cel=_same_optional(field),
+            message=f"spec.{field} is immutable: checkpoints of a started job depend on it; "
+            "create a new FineTuneJob instead",
+            field_path=f".{field}",
+            check=lambda _s: True,
+            transition=True,
+        )
+        for field in ("model", "dataset", "method", "training", "output")
+    ),
+    *(
+        CrossFieldRule(
+            cel=_same_defaulted("resources", field, 1),
+            message=f"spec.resources.{field} is immutable: the checkpoint layout depends on the world size",
+            field_path=f".resources.{field}",
+            check=lambda _s: True,
+            transition=True,
+        )
+        for field in ("numNodes", "gpusPerNode")
+    ),
+)
+"""Transition rules on the spec: what a job cannot change once it exists."""
+
+FineTuneJobSpec.__rules__ = FineTuneJobSpec.__rules__ + IMMUTABLE_SPEC_RULES

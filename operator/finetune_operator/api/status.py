@@ -1,0 +1,138 @@
+"""The observed state of a FineTuneJob, written only by the operator.
+
+Conditions follow the Kubernetes API conventions. `state` is a one-word summary
+derived from the conditions (never stored independently) so that `kubectl get ftj`
+can show it; everything else mirrors what the operator planned and observed.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import Field
+
+from .base import ApiModel
+
+
+class ConditionType(StrEnum):
+    PLANNED = "Planned"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class State(StrEnum):
+    """Headline of the conditions, for printer columns."""
+
+    PENDING = "Pending"
+    PLANNED = "Planned"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class Condition(ApiModel):
+    type: Annotated[str, Field(min_length=1, max_length=316)]
+    status: Annotated[str, Field(pattern=r"^(True|False|Unknown)$")]
+    reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")]
+    message: Annotated[str, Field(max_length=32768)] = ""
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    last_transition_time: Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+
+
+class MemoryBreakdown(ApiModel):
+    """Bytes per GPU by component (the planner's keys)."""
+
+    weights: int = 0
+    trainable_weights: int = 0
+    gradients: int = 0
+    optimizer_states: int = 0
+    activations: int = 0
+    logits: int = 0
+    buffers: int = 0
+    overhead: int = 0
+
+
+class RejectedCandidate(ApiModel):
+    summary: Annotated[str, Field(max_length=256)]
+    reason: Annotated[str, Field(max_length=1024)]
+
+
+class PlanStatus(ApiModel):
+    """The strategy in force, why it was chosen, and what was rejected."""
+
+    zero_stage: Annotated[int, Field(ge=0, le=3)]
+    offload_optimizer: Annotated[str, Field(pattern=r"^(none|cpu|nvme)$")]
+    offload_params: Annotated[str, Field(pattern=r"^(none|cpu|nvme)$")]
+    gradient_checkpointing: bool
+    micro_batch_size: Annotated[int, Field(ge=1)]
+    gradient_accumulation_steps: Annotated[int, Field(ge=1)]
+    per_gpu_bytes: Annotated[int, Field(ge=0)]
+    gpu_memory_bytes: Annotated[int, Field(ge=0)]
+    host_bytes_per_node: Annotated[int, Field(ge=0)] = 0
+    estimated_step_seconds: float | None = None
+    breakdown: MemoryBreakdown = Field(default_factory=MemoryBreakdown)
+    reason: Annotated[str, Field(max_length=2048)] = ""
+    rejected: Annotated[list[RejectedCandidate], Field(max_length=16)] = Field(default_factory=list)
+    candidate_index: Annotated[int, Field(ge=0)] = 0
+    replans: Annotated[int, Field(ge=0)] = 0
+    replan_reason: Annotated[str, Field(max_length=2048)] | None = None
+
+
+class Progress(ApiModel):
+    step: Annotated[int, Field(ge=0)] = 0
+    total_steps: Annotated[int, Field(ge=0)] | None = None
+    epoch: float | None = None
+    loss: float | None = None
+    tokens_per_second: float | None = None
+    eta_seconds: Annotated[int, Field(ge=0)] | None = None
+    percent: Annotated[int, Field(ge=0, le=100)] | None = None
+    summary: Annotated[str, Field(max_length=64)] | None = None
+    skipped_records: Annotated[int, Field(ge=0)] | None = None
+    last_update_time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None
+
+
+class Workers(ApiModel):
+    ready: Annotated[int, Field(ge=0)] = 0
+    total: Annotated[int, Field(ge=0)] = 0
+    summary: Annotated[str, Field(max_length=32)] | None = None
+
+
+class Result(ApiModel):
+    adapter_uri: Annotated[str, Field(max_length=1024)] | None = None
+    merged_model_uri: Annotated[str, Field(max_length=1024)] | None = None
+    final_loss: float | None = None
+    eval_loss: float | None = None
+    steps: Annotated[int, Field(ge=0)] | None = None
+    tokens: Annotated[int, Field(ge=0)] | None = None
+    wall_seconds: float | None = None
+
+
+class LastFailure(ApiModel):
+    reason: Annotated[str, Field(max_length=128)]
+    message: Annotated[str, Field(max_length=4096)] = ""
+    rank: int | None = None
+    exit_code: int | None = None
+    time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None
+
+
+class FineTuneJobStatus(ApiModel):
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    state: State | None = None
+    topology: Annotated[str, Field(max_length=32)] | None = None
+    conditions: Annotated[list[Condition], Field(max_length=16)] = Field(
+        default_factory=list, json_schema_extra={"x-ftjob-list-map-keys": ["type"]}
+    )
+    plan: PlanStatus | None = None
+    progress: Progress | None = None
+    restarts: Annotated[int, Field(ge=0)] = 0
+    last_failure: LastFailure | None = None
+    workers: Workers | None = None
+    result: Result | None = None
+    start_time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None
+    completion_time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None

@@ -1,0 +1,1 @@
+"""A real local Kubernetes control plane for tests and the demo."""

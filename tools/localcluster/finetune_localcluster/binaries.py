@@ -1,0 +1,87 @@
+"""Where the Go-built control-plane binaries live, and building them when they are missing.
+
+Why: `tools/build-kube-binaries.sh` owns how the binaries are built and the cache layout
+(by version, outside the work tree); this module is the one place in Python that knows that
+layout, so the harness, the demo and the CLI find the same files and a cold cache is built
+(with the build time printed) instead of failing with a missing-file error.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+K8S_VERSION = "v1.35.4"
+ETCD_VERSION = "v3.6.16"
+KWOK_VERSION = "v0.8.0"
+HELM_VERSION = "v3.22.0"
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+BUILD_SCRIPT = REPO_ROOT / "tools" / "build-kube-binaries.sh"
+BUILD_TIMEOUT_S = 3 * 3600
+
+
+def cache_dir() -> Path:
+    default = Path.home() / ".cache" / "finetune-operator"
+    return Path(os.environ.get("FTJOB_CACHE_DIR") or default)
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Absolute paths of every binary the local cluster starts, plus kwok's stage examples."""
+
+    kube_bin: Path
+    etcd: Path
+    kwok: Path
+    kwok_stages: Path
+    helm: Path
+
+    @property
+    def kube_apiserver(self) -> Path:
+        return self.kube_bin / "kube-apiserver"
+
+    @property
+    def kube_controller_manager(self) -> Path:
+        return self.kube_bin / "kube-controller-manager"
+
+    @property
+    def kube_scheduler(self) -> Path:
+        return self.kube_bin / "kube-scheduler"
+
+    @property
+    def kubectl(self) -> Path:
+        return self.kube_bin / "kubectl"
+
+    def all_files(self) -> list[Path]:
+        return [self.kube_apiserver, self.kube_controller_manager, self.kube_scheduler,
+                self.kubectl, self.etcd, self.kwok, self.helm]
+
+    def present(self) -> bool:
+        return all(os.access(p, os.X_OK) for p in self.all_files()) and self.kwok_stages.is_dir()
+
+
+def cached_binaries() -> Binaries:
+    root = cache_dir()
+    return Binaries(
+        kube_bin=root / "kube" / K8S_VERSION / "bin",
+        etcd=root / "etcd" / ETCD_VERSION / "bin" / "etcd",
+        kwok=root / "kwok" / KWOK_VERSION / "bin" / "kwok",
+        kwok_stages=root / "kwok" / KWOK_VERSION / "stage",
+        helm=root / "helm" / HELM_VERSION / "bin" / "helm",
+    )
+
+
+def ensure_binaries(build: bool = True) -> Binaries:
+    """Return the cached binaries, running the build script first when any is missing."""
+    bins = cached_binaries()
+    if bins.present():
+        return bins
+    if not build:
+        raise FileNotFoundError(f"Kubernetes binaries missing under {cache_dir()}; run {BUILD_SCRIPT}")
+    print(f"finetune_localcluster: building Kubernetes binaries with {BUILD_SCRIPT} (cold cache)", flush=True)
+    subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, timeout=BUILD_TIMEOUT_S)
+    if not bins.present():
+        raise FileNotFoundError(f"{BUILD_SCRIPT} finished but binaries are missing under {cache_dir()}")
+    return bins

@@ -1,0 +1,1 @@
+"""The trainer that runs inside every pod of a FineTuneJob."""
