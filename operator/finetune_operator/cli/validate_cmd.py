@@ -1,0 +1,36 @@
+"""`ftjob validate FILE...`: the same verdict the apiserver and the operator give, offline."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .manifests import load_jobs
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE", help="YAML files ('-' for stdin)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print problems only")
+
+
+def run(args: argparse.Namespace) -> int:
+    failed = False
+    for path in args.files:
+        loaded = load_jobs(path)
+        for line in loaded.problems:
+            print(line, file=sys.stderr)
+        failed = failed or bool(loaded.problems)
+        if args.quiet:
+            continue
+        for job in loaded.jobs:
+            spec = job.spec
+            print(
+                f"{path}: {job.name}: valid ({spec.method.type}, {spec.model.uri}, "
+                f"{spec.resources.num_nodes}×{spec.resources.gpus_per_node} GPUs of {spec.resources.gpu_memory})"
+            )
+        for line in loaded.skipped:
+            print(f"{line}: skipped")
+        if not loaded.jobs and not loaded.problems:
+            print(f"{path}: no FineTuneJob found", file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
