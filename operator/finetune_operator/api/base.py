@@ -8,9 +8,10 @@ are kept as the user wrote them and parsed on demand.
 
 from __future__ import annotations
 
+import json
 import re
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -49,7 +50,17 @@ class ApiModel(BaseModel):
         populate_by_name=True,
         validate_default=False,
         use_enum_values=True,
+        strict=True,
     )
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Self:
+        """Validate a wire object (parsed JSON/YAML) strictly, as the apiserver would.
+
+        Strict JSON-mode validation: no "yes" for a boolean, no "8" for an integer, but
+        enum members may be given as their strings.
+        """
+        return cls.model_validate_json(json.dumps(data, default=str))
 
     def to_wire(self) -> dict[str, Any]:
         """The object as the apiserver stores it: camelCase keys, no unset optionals."""

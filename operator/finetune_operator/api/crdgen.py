@@ -5,12 +5,15 @@ and copies it into the chart; `--check` fails when the committed files differ. T
 conversion turns pydantic's JSON Schema into a *structural* OpenAPI v3 schema:
 references inlined, every property typed, optionals `nullable` instead of `anyOf`
 with null, int-or-string fields marked, and each model's cross-field rules emitted as
-CEL `x-kubernetes-validations`.
+CEL `x-kubernetes-validations`. Optionals are `nullable`, except fields whose presence a
+rule tests with `has()`: for those an explicit null is pruned by the apiserver, so a
+null and an absent field mean the same thing to CEL and to pydantic.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,13 +55,26 @@ def _models_by_name(root: type[BaseModel]) -> dict[str, type[BaseModel]]:
     return found
 
 
+def _presence_tested(model: type[BaseModel] | None) -> set[str]:
+    """Fields whose presence a CEL rule of `model` tests with has(self.<field>).
+
+    These are emitted without `nullable`, so the apiserver prunes an explicit null and
+    `has()` means "set", exactly as pydantic reads None as "not given".
+    """
+    if model is None:
+        return set()
+    return {m for rule in rules_of(model) for m in re.findall(r"has\((?:old)?[sS]elf\.(\w+)\)", rule.cel)}
+
+
 class _Converter:
     def __init__(self, root: type[BaseModel]) -> None:
         self.schema = root.model_json_schema(by_alias=True, mode="validation")
         self.defs: dict[str, Any] = self.schema.get("$defs", {})
         self.models = _models_by_name(root)
 
-    def convert(self, node: dict[str, Any], model_name: str | None = None) -> dict[str, Any]:
+    def convert(
+        self, node: dict[str, Any], model_name: str | None = None, presence_tested: bool = False
+    ) -> dict[str, Any]:
         node = dict(node)
         if "$ref" in node:
             name = node.pop("$ref").split("/")[-1]
@@ -100,7 +116,7 @@ class _Converter:
             if len(branches) != 1:
                 raise ValueError(f"cannot express union {branches} structurally; mark it x-ftjob-int-or-string")
             inner = self.convert({**branches[0], **{k: v for k, v in node.items() if k == "description"}})
-            if nullable:
+            if nullable and not presence_tested:
                 inner["nullable"] = True
             return inner
         if "const" in node:
@@ -111,7 +127,8 @@ class _Converter:
         if kind == "object":
             props = out.pop("properties", None)
             if props is not None:
-                out["properties"] = {k: self.convert(v) for k, v in props.items()}
+                tested = _presence_tested(self.models.get(model_name or ""))
+                out["properties"] = {k: self.convert(v, presence_tested=k in tested) for k, v in props.items()}
             if isinstance(out.get("additionalProperties"), dict):
                 out["additionalProperties"] = self.convert(out["additionalProperties"])
             elif out.get("additionalProperties") is False:

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .spec import RULE_MARK
+from .spec import PATTERN_HINTS, RULE_MARK
 
 _UNION_TAGS = {"int", "str", "float", "bool", "none", "list", "dict", "is-instance", "literal", "lax-or-strict"}
 
@@ -81,10 +81,11 @@ def _message(error: Any, root: type[BaseModel]) -> tuple[str, str]:
         bound = next(iter(ctx.values()), "?")
         return path, f"must be {op} {bound} (got {got!r})"
     if kind in ("literal_error", "enum"):
-        expected = ctx.get("expected", "")
+        expected = str(ctx.get("expected", "")).replace("'auto'", "auto")
         return path, f"must be one of {expected} (got {got!r})"
     if kind == "string_pattern_mismatch":
-        return path, f"invalid value {got!r}: does not match {ctx.get('pattern')}"
+        pattern = str(ctx.get("pattern"))
+        return path, f"invalid value {got!r}: {PATTERN_HINTS.get(pattern, 'must match ' + pattern)}"
     if kind in ("string_too_long", "too_long"):
         return path, f"too long: at most {ctx.get('max_length')} (got {got!r:.60})"
     if kind in ("string_too_short", "too_short"):

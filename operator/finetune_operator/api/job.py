@@ -53,7 +53,7 @@ class FineTuneJob(ApiModel):
     @classmethod
     def from_manifest(cls, document: dict[str, Any]) -> FineTuneJob:
         """Validate a manifest; raises pydantic's ValidationError (see `errors.describe`)."""
-        return cls.model_validate(document)
+        return cls.from_wire(document)
 
     @property
     def name(self) -> str:

@@ -29,6 +29,16 @@ URI_PATTERN = r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)?|pvc://[a-z0
 """Where a model or dataset lives: `hf://org/name` or `org/name` (hub id), `pvc://claim/path`,
 `file:///abs/path` or `/abs/path` (inside the container), `builtin://name` (generated in code)."""
 
+OUTPUT_URI_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$"
+
+PATTERN_HINTS: dict[str, str] = {
+    URI_PATTERN: "must be a hub id (org/name or hf://org/name), pvc://claim/path, an absolute path, or builtin://name",
+    OUTPUT_URI_PATTERN: "must be pvc://claim/path or an absolute path",
+    ENV_NAME_PATTERN: "must be a C identifier (letters, digits, _; not starting with a digit)",
+    DNS_SUBDOMAIN_PATTERN: "must be a lowercase DNS name (a-z, 0-9, '-', '.')",
+}
+"""Readable explanations of the regular expressions users are most likely to trip on."""
+
 RESERVED_ENV = (
     "MASTER_ADDR",
     "MASTER_PORT",
@@ -174,15 +184,15 @@ class MethodSpec(RuledModel):
     lora: LoraSpec | None = Field(default=None, description="Adapter settings (lora and qlora).")
     qlora: QloraSpec | None = Field(default=None, description="Quantisation settings (qlora only).")
 
-    __rules__ = (
+    __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (
         CrossFieldRule(
-            cel="self.type == 'qlora' || !has(self.qlora)",
+            cel="(has(self.type) && self.type == 'qlora') || !has(self.qlora)",
             message="qlora settings are only allowed when type is qlora",
             field_path=".qlora",
             check=lambda m: m.type == MethodType.QLORA or m.qlora is None,
         ),
         CrossFieldRule(
-            cel="self.type != 'full' || !has(self.lora)",
+            cel="!has(self.type) || self.type != 'full' || !has(self.lora)",
             message="lora settings are not allowed when type is full",
             field_path=".lora",
             check=lambda m: m.type != MethodType.FULL or m.lora is None,
@@ -258,7 +268,7 @@ class TrainingSpec(RuledModel):
         default=None, description="Evaluate every N steps (default: at the end only)."
     )
 
-    __rules__ = (
+    __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (
         CrossFieldRule(
             cel="!(has(self.epochs) && has(self.maxSteps))",
             message="set epochs or maxSteps, not both",
@@ -266,8 +276,9 @@ class TrainingSpec(RuledModel):
             check=lambda t: not (t.epochs is not None and t.max_steps is not None),
         ),
         CrossFieldRule(
-            cel="type(self.microBatchSize) == string || self.globalBatchSize % self.microBatchSize == 0",
-            message="globalBatchSize must be a multiple of microBatchSize",
+            cel="!has(self.microBatchSize) || type(self.microBatchSize) == string "
+            "|| (has(self.globalBatchSize) ? self.globalBatchSize : 32) % self.microBatchSize == 0",
+            message="must be a multiple of microBatchSize",
             field_path=".globalBatchSize",
             check=lambda t: t.micro_batch_size == "auto" or t.global_batch_size % t.micro_batch_size == 0,
         ),
@@ -282,7 +293,7 @@ class TrainingSpec(RuledModel):
     @classmethod
     def _positive_micro_batch(cls, value: int | str) -> int | str:
         if isinstance(value, int) and not 1 <= value <= 4096:
-            raise ValueError("must be `auto` or an integer from 1 to 4096")
+            raise ValueError("must be auto or an integer from 1 to 4096")
         return value
 
 
@@ -306,9 +317,9 @@ class ResourcesSpec(RuledModel):
     gpu_memory: Quantity = Field(default="80Gi", description="Memory of each GPU, e.g. 24Gi, 80Gi, 141Gi.")
     cpu: Quantity | None = Field(default=None, description="CPU request and limit of each pod.")
     memory: Quantity | None = Field(default=None, description="Host memory request and limit of each pod.")
-    node_selector: dict[
-        Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]
-    ] | None = Field(default=None, description="Node labels the pods must match.")
+    node_selector: dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]] | None = Field(
+        default=None, description="Node labels the pods must match."
+    )
     tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = Field(
         default=None, description="Taints the pods tolerate."
     )
@@ -316,9 +327,9 @@ class ResourcesSpec(RuledModel):
         default=None, description="PriorityClass of the pods."
     )
 
-    __rules__ = (
+    __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (
         CrossFieldRule(
-            cel="!has(self.numNodes) || !has(self.gpusPerNode) || self.numNodes * self.gpusPerNode <= 4096",
+            cel="(has(self.numNodes) ? self.numNodes : 1) * (has(self.gpusPerNode) ? self.gpusPerNode : 1) <= 4096",
             message="numNodes × gpusPerNode must not exceed 4096",
             field_path=".numNodes",
             check=lambda r: r.num_nodes * r.gpus_per_node <= 4096,
@@ -346,8 +357,8 @@ class ResourcesSpec(RuledModel):
 
 
 ZeroStage = Annotated[
-    int | Literal["auto"],
-    Field(json_schema_extra={"x-ftjob-int-or-string": True, "enum": ["auto", 0, 1, 2, 3]}),
+    Literal[0, 1, 2, 3, "auto"],
+    Field(json_schema_extra={"x-ftjob-int-or-string": True}),
 ]
 
 
@@ -367,31 +378,37 @@ class DeepSpeedSpec(RuledModel):
     nvme_path: Annotated[str, Field(max_length=256, pattern=r"^/[^\s]*$")] | None = Field(
         default=None, description="Local NVMe mount used by nvme offload."
     )
-    overrides: dict[
-        Annotated[str, Field(max_length=128, pattern=r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$")],
-        bool | int | float | str,
-    ] | None = Field(
+    overrides: (
+        dict[
+            Annotated[str, Field(max_length=128, pattern=r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$")],
+            bool | int | float | str,
+        ]
+        | None
+    ) = Field(
         default=None,
         description="Extra DeepSpeed config keys in dotted form, e.g. `zero_optimization.overlap_comm: true`. "
         "Keys the plan owns (batch sizes, stage, offload, precision, optimizer) are rejected.",
         json_schema_extra={"x-ftjob-preserve-unknown": True},
     )
 
-    __rules__ = (
+    __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (
         CrossFieldRule(
-            cel="self.offloadParams in ['auto', 'none'] || self.zeroStage == 'auto' || self.zeroStage == 3",
+            cel="!has(self.offloadParams) || self.offloadParams in ['auto', 'none'] || !has(self.zeroStage) "
+            "|| self.zeroStage == 'auto' || self.zeroStage == 3",
             message="parameter offload exists only at ZeRO-3: set zeroStage to 3 or auto",
             field_path=".offloadParams",
             check=lambda d: d.offload_params in ("auto", "none") or d.zero_stage in ("auto", 3),
         ),
         CrossFieldRule(
-            cel="!(self.offloadOptimizer == 'nvme' || self.offloadParams == 'nvme') || has(self.nvmePath)",
+            cel="!((has(self.offloadOptimizer) && self.offloadOptimizer == 'nvme') "
+            "|| (has(self.offloadParams) && self.offloadParams == 'nvme')) || has(self.nvmePath)",
             message="nvme offload needs nvmePath",
             field_path=".nvmePath",
-            check=lambda d: not ("nvme" in (d.offload_optimizer, d.offload_params)) or d.nvme_path is not None,
+            check=lambda d: "nvme" not in (d.offload_optimizer, d.offload_params) or d.nvme_path is not None,
         ),
         CrossFieldRule(
-            cel="self.offloadOptimizer in ['auto', 'none'] || self.zeroStage == 'auto' || self.zeroStage >= 1",
+            cel="!has(self.offloadOptimizer) || self.offloadOptimizer in ['auto', 'none'] || !has(self.zeroStage) "
+            "|| self.zeroStage == 'auto' || self.zeroStage >= 1",
             message="optimizer offload needs ZeRO stage 1, 2 or 3 (or auto)",
             field_path=".offloadOptimizer",
             check=lambda d: d.offload_optimizer in ("auto", "none") or d.zero_stage == "auto" or d.zero_stage >= 1,
@@ -413,7 +430,7 @@ class DeepSpeedSpec(RuledModel):
 class OutputSpec(ApiModel):
     """Where checkpoints and the trained adapter go."""
 
-    uri: Annotated[str, Field(max_length=512, pattern=r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$")] = Field(
+    uri: Annotated[str, Field(max_length=512, pattern=OUTPUT_URI_PATTERN)] = Field(
         description="`pvc://claim/path` (the claim must exist; it is never deleted) or a path in the container."
     )
     merged_model: bool = Field(default=False, description="Also export base + adapter merged, in safetensors.")
@@ -435,7 +452,7 @@ class EnvVar(RuledModel):
     value: Annotated[str, Field(max_length=32768)] | None = None
     value_from: EnvSource | None = None
 
-    __rules__ = (
+    __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (
         CrossFieldRule(
             cel="has(self.value) != has(self.valueFrom)",
             message="set exactly one of value and valueFrom",
@@ -494,7 +511,7 @@ class FineTuneJobSpec(RuledModel):
         default=None, description="Delete the job this long after it Succeeded or Failed."
     )
 
-    __rules__ = (
+    __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (
         CrossFieldRule(
             cel="!has(self.method) || !has(self.method.type) || self.method.type != 'qlora' "
             "|| !has(self.training) || !has(self.training.precision) || self.training.precision != 'fp32'",
@@ -516,9 +533,7 @@ class FineTuneJobSpec(RuledModel):
 
 
 def _same_optional(field: str) -> str:
-    return (
-        f"has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || self.{field} == oldSelf.{field})"
-    )
+    return f"has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || self.{field} == oldSelf.{field})"
 
 
 def _same_defaulted(parent: str, field: str, default: int) -> str:

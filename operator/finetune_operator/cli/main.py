@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Plan, render and run distributed LLM fine-tuning (finetune.dev/v1alpha1 FineTuneJob).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (module_name, help_text) in COMMANDS.items():
+    for name, (_module, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     return parser
 

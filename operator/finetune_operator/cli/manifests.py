@@ -6,6 +6,7 @@ skipped, not as errors, so a whole `kubectl apply -f` bundle can be validated.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,22 @@ import yaml
 from pydantic import ValidationError
 
 from ..api import FineTuneJob, describe, is_finetunejob
+
+
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML speaks YAML 1.1, where `2e-4` is a string; kubectl reads it as a float."""
+
+
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$"),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml_documents(text: str) -> list[Any]:
+    """All documents of a YAML stream, numbers resolved the way kubectl resolves them."""
+    return list(yaml.load_all(text, Loader=_Yaml12Loader))
 
 
 @dataclass
@@ -39,7 +56,7 @@ def load_jobs(path: str) -> Loaded:
         out.problems.append(f"{path}: cannot read: {exc.strerror or exc}")
         return out
     try:
-        documents = list(yaml.safe_load_all(text))
+        documents = parse_yaml_documents(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

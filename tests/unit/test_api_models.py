@@ -1,0 +1,155 @@
+"""The FineTuneJob models: defaults, accepted shapes, and one clear line per problem."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from finetune_operator.api import FineTuneJob, describe
+from finetune_operator.api.base import parse_quantity, quantity_bytes
+from finetune_operator.api.spec import RESERVED_ENV
+from tests.factories import DELETE, job_document, make_job
+
+
+def problems(**spec: Any) -> list[str]:
+    try:
+        FineTuneJob.from_manifest(job_document(**spec))
+    except ValidationError as exc:
+        return describe(exc, FineTuneJob)
+    return []
+
+
+def test_defaults_are_filled_in() -> None:
+    job = make_job()
+    spec = job.spec
+    assert spec.method.type == "lora"
+    assert spec.deepspeed.zero_stage == "auto"
+    assert spec.training.micro_batch_size == "auto"
+    assert spec.training.max_grad_norm == 1.0
+    assert spec.model.trust_remote_code is False
+    assert spec.failure_policy.backoff_limit == 3
+    assert spec.failure_policy.on_out_of_memory == "Replan"
+    assert spec.resources.gpu_memory_bytes == 80 * 2**30
+    assert job.namespace == "ns"
+
+
+def test_models_are_frozen() -> None:
+    job = make_job()
+    with pytest.raises(ValidationError):
+        job.spec.training.seed = 3  # type: ignore[misc]
+
+
+def test_wire_round_trip_is_exact() -> None:
+    job = make_job(training={"maxSteps": 10, "gradientCheckpointing": True}, deepspeed={"zeroStage": 3})
+    again = FineTuneJob.from_manifest(job.to_wire())
+    assert again == job
+    assert job.to_wire()["spec"]["training"]["gradientCheckpointing"] == "true"
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"method": {"lora": {"r": 0}}}, "spec.method.lora.r: must be >= 1"),
+        ({"method": {"type": "dora"}}, "spec.method.type: must be one of"),
+        ({"training": {"precision": "fp8"}}, "spec.training.precision: must be one of"),
+        ({"training": {"microBatchSize": "big"}}, "spec.training.microBatchSize:"),
+        ({"training": {"microBatchSize": 0}}, "spec.training.microBatchSize: must be auto or an integer"),
+        ({"training": {"epochs": 1, "maxSteps": 5}}, "spec.training.maxSteps: set epochs or maxSteps, not both"),
+        (
+            {"training": {"globalBatchSize": 10, "microBatchSize": 4}},
+            "spec.training.globalBatchSize: must be a multiple",
+        ),
+        ({"training": {"learningRate": 0}}, "spec.training.learningRate: must be > 0"),
+        ({"resources": {"numNodes": 0}}, "spec.resources.numNodes: must be >= 1"),
+        ({"resources": {"gpuMemory": "lots"}}, "spec.resources.gpuMemory: not a Kubernetes quantity"),
+        ({"resources": {"gpuMemory": "512Mi"}}, "spec.resources.gpuMemory: must be at least 1Gi"),
+        ({"deepspeed": {"zeroStage": 5}}, "spec.deepspeed.zeroStage: must be one of"),
+        ({"deepspeed": {"zeroStage": 2, "offloadParams": "cpu"}}, "spec.deepspeed.offloadParams: parameter offload"),
+        ({"deepspeed": {"offloadOptimizer": "nvme"}}, "spec.deepspeed.nvmePath: nvme offload needs nvmePath"),
+        ({"deepspeed": {"zeroStage": 0, "offloadOptimizer": "cpu"}}, "spec.deepspeed.offloadOptimizer: optimizer"),
+        ({"deepspeed": {"overrides": {"train_batch_size": 8}}}, "spec.deepspeed.overrides: key 'train_batch_size'"),
+        ({"deepspeed": {"overrides": {"zero_optimization.stage": 1}}}, "is set by the plan"),
+        ({"method": {"type": "qlora"}, "training": {"precision": "fp32"}}, "spec.training.precision: qlora needs"),
+        ({"method": {"type": "lora", "qlora": {}}}, "spec.method.qlora: qlora settings are only allowed"),
+        ({"method": {"type": "full", "lora": {"r": 8}}}, "spec.method.lora: lora settings are not allowed"),
+        ({"model": {"uri": "not a uri"}}, "spec.model.uri: invalid value 'not a uri': must be a hub id"),
+        ({"model": DELETE}, "spec.model: required"),
+        ({"output": {"uri": "s3://bucket"}}, "spec.output.uri: invalid value 's3://bucket': must be pvc://"),
+        ({"env": [{"name": "WORLD_SIZE", "value": "4"}]}, "spec.env[0].name: this name is reserved"),
+        ({"env": [{"name": "A"}]}, "spec.env[0]: set exactly one of value and valueFrom"),
+        ({"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}, "spec.env: env names must be unique"),
+        ({"env": [{"name": "1BAD", "value": "x"}]}, "spec.env[0].name: invalid value '1BAD': must be a C identifier"),
+        ({"training": {"sead": 1}}, "spec.training.sead: unknown field (allowed: checkpointEverySteps"),
+        ({"suspend": "maybe"}, "spec.suspend:"),
+        ({"failurePolicy": {"onOutOfMemory": "Retry"}}, "spec.failurePolicy.onOutOfMemory: must be one of"),
+    ],
+)
+def test_invalid_specs_name_the_field(spec: dict[str, Any], expected: str) -> None:
+    lines = problems(**spec)
+    assert any(line.startswith(expected) or expected in line for line in lines), lines
+    assert all(": " in line and "Traceback" not in line for line in lines)
+
+
+@pytest.mark.parametrize("name", RESERVED_ENV)
+def test_every_reserved_env_name_is_rejected(name: str) -> None:
+    assert problems(env=[{"name": name, "value": "x"}]) != []
+
+
+@pytest.mark.parametrize("value", [True, False, "auto", "true", "false"])
+def test_gradient_checkpointing_accepts_yaml_booleans(value: object) -> None:
+    job = make_job(training={"gradientCheckpointing": value})
+    assert job.spec.training.gradient_checkpointing == str(value).lower()
+
+
+@pytest.mark.parametrize(
+    ("uri", "ok"),
+    [
+        ("meta-llama/Llama-3.1-8B", True),
+        ("hf://Qwen/Qwen2.5-7B", True),
+        ("pvc://models/llama/7b", True),
+        ("/models/llama", True),
+        ("file:///models/llama", True),
+        ("builtin://tiny-llama", True),
+        ("http://example.com/x", False),
+        ("../etc/passwd", False),
+        ("pvc://Bad_Claim/x", False),
+        ("a b/c", False),
+    ],
+)
+def test_model_uri_forms(uri: str, ok: bool) -> None:
+    assert (problems(model={"uri": uri}) == []) is ok
+
+
+@pytest.mark.parametrize(
+    ("quantity", "expected"),
+    [
+        ("80Gi", 80 * 2**30),
+        ("24Gi", 24 * 2**30),
+        ("1.5Gi", int(1.5 * 2**30)),
+        ("80G", 80 * 10**9),
+        (8, 8),
+        ("512Mi", 2**29),
+    ],
+)
+def test_quantities(quantity: str | int, expected: int) -> None:
+    assert quantity_bytes(quantity) == expected
+
+
+def test_milli_quantity_is_fractional() -> None:
+    assert parse_quantity("500m") == parse_quantity("0.5")
+
+
+def test_world_size_counts_cpu_ranks_as_one_per_pod() -> None:
+    assert make_job(resources={"numNodes": 2, "gpusPerNode": 0}).spec.world_size == 2
+    assert make_job(resources={"numNodes": 4, "gpusPerNode": 8}).spec.world_size == 32
+
+
+@pytest.mark.parametrize("name", ["Job", "-job", "job-", "j" * 53, "job.x"])
+def test_bad_names_are_rejected(name: str) -> None:
+    doc = job_document()
+    doc["metadata"]["name"] = name
+    with pytest.raises(ValidationError) as info:
+        FineTuneJob.from_manifest(doc)
+    assert any(line.startswith("metadata.name:") for line in describe(info.value, FineTuneJob))

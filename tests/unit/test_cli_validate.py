@@ -1,0 +1,101 @@
+"""`ftjob validate`: exit codes and one line per problem, through the real entry point."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from finetune_operator.cli.main import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+VALID = sorted(p for p in EXAMPLES.glob("*.yaml") if p.name != "invalid.yaml")
+
+
+@pytest.mark.parametrize("example", VALID, ids=[p.name for p in VALID])
+def test_every_valid_example_passes(example: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(example)]) == 0
+    assert ": valid (" in capsys.readouterr().out
+
+
+def test_invalid_example_names_each_bad_field(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(EXAMPLES / "invalid.yaml")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    fields = [line.split(": ")[1] for line in err]
+    for expected in (
+        "spec.model.uri",
+        "spec.dataset.format",
+        "spec.method.lora.r",
+        "spec.training.precision",
+        "spec.training.learningRate",
+        "spec.resources.numNodes",
+        "spec.resources.gpuMemory",
+        "spec.deepspeed.zeroStage",
+        "spec.env[0].name",
+    ):
+        assert expected in fields, err
+    assert len(err) == len(set(err))
+
+
+def test_multi_document_files_skip_other_kinds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = tmp_path / "bundle.yaml"
+    bundle.write_text(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: ml}\n---\n"
+        + (EXAMPLES / "lora-8b-2x8.yaml").read_text()
+        + "\n---\n# empty document\n"
+    )
+    assert main(["validate", str(bundle)]) == 0
+    out = capsys.readouterr().out
+    assert "Namespace (not a FineTuneJob): skipped" in out
+    assert "llama3-8b-lora: valid" in out
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("key: [unclosed", "not valid YAML"),
+        ("- just\n- a list\n", "expected a mapping"),
+        (
+            "apiVersion: finetune.dev/v2\nkind: FineTuneJob\nmetadata: {name: a}\n",
+            "apiVersion: must be one of 'finetune.dev/v1alpha1'",
+        ),
+        ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n", "no FineTuneJob found"),
+    ],
+)
+def test_bad_files_get_a_message_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, expected: str
+) -> None:
+    path = tmp_path / "x.yaml"
+    path.write_text(content)
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+
+
+def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "/nonexistent/job.yaml"]) == 1
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_scientific_notation_reads_as_a_number_like_kubectl(tmp_path: Path) -> None:
+    text = (EXAMPLES / "qlora-7b-24gi.yaml").read_text().replace("learningRate: 2.0e-4", "learningRate: 2e-4")
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    assert main(["validate", "-q", str(path)]) == 0
+
+
+def test_installed_console_script_runs_torch_free() -> None:
+    code = (
+        "import sys; from finetune_operator.cli.main import main; rc = main(['validate', '-q', sys.argv[1]]); "
+        "assert 'torch' not in sys.modules, 'validate imported torch'; raise SystemExit(rc)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(EXAMPLES / "lora-70b-4x8x80gi.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
