@@ -119,6 +119,9 @@ class LastFailure(ApiModel):
     rank: int | None = None
     exit_code: int | None = None
     time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None
+    fingerprint: Annotated[str, Field(max_length=256)] | None = Field(
+        default=None, description="Identifies the failed container run, so one failure is counted once."
+    )
 
 
 class FineTuneJobStatus(ApiModel):

@@ -1,0 +1,110 @@
+"""The few writes the operator makes, through the official Kubernetes client.
+
+Children are server-side applied under one field manager (idempotent: an operator
+restart re-applies the same objects and creates no duplicates); status goes through
+the status subresource as a JSON merge patch guarded by the resourceVersion the
+decision was made on; a gang restart is one deletecollection call, so every rank goes
+down together.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from ..api.job import GROUP, PLURAL, VERSION
+from ..render.identity import FIELD_MANAGER, JOB_NAME_LABEL
+
+APPLY = "application/apply-patch+yaml"
+MERGE = "application/merge-patch+json"
+TIMEOUT = 15
+
+
+class Conflict(Exception):
+    """The job changed since it was read; decide again on the fresh object."""
+
+
+class ClusterIO:
+    def __init__(self, api_client: client.ApiClient | None = None) -> None:
+        self.api_client = api_client or client.ApiClient()
+        self.core = client.CoreV1Api(self.api_client)
+        self.apps = client.AppsV1Api(self.api_client)
+        self.custom = client.CustomObjectsApi(self.api_client)
+
+    def apply(self, objects: Iterable[dict[str, Any]]) -> None:
+        for obj in objects:
+            self._apply_one(obj)
+
+    def _apply_one(self, obj: dict[str, Any]) -> None:
+        name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
+        kwargs: dict[str, Any] = {
+            "field_manager": FIELD_MANAGER,
+            "force": True,
+            "_content_type": APPLY,
+            "_preload_content": False,
+            "_request_timeout": TIMEOUT,
+        }
+        kind = obj["kind"]
+        if kind == "ConfigMap":
+            self.core.patch_namespaced_config_map(name, namespace, obj, **kwargs)
+        elif kind == "Service":
+            self.core.patch_namespaced_service(name, namespace, obj, **kwargs)
+        elif kind == "StatefulSet":
+            self.apps.patch_namespaced_stateful_set(name, namespace, obj, **kwargs)
+        else:
+            group, version = obj["apiVersion"].split("/")
+            plural = kind.lower() + "s"
+            self.custom.patch_namespaced_custom_object(group, version, namespace, plural, name, obj, **kwargs)
+
+    def delete_pods(self, namespace: str, job_name: str) -> None:
+        """Gang restart: all pods of the job at once; the StatefulSet recreates them."""
+        self.core.delete_collection_namespaced_pod(
+            namespace, label_selector=f"{JOB_NAME_LABEL}={job_name}", _request_timeout=TIMEOUT
+        )
+
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            response = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _preload_content=False, _request_timeout=TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        body: dict[str, Any] = json.loads(getattr(response, "data", b"{}"))
+        return body
+
+    def patch_status(self, namespace: str, name: str, resource_version: str | None, status: dict[str, Any]) -> None:
+        """Replace the status; stale resourceVersion → Conflict (never overwrite newer counts)."""
+        patch: dict[str, Any] = {"status": status}
+        if resource_version:
+            patch["metadata"] = {"resourceVersion": resource_version}
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, patch, _content_type=MERGE, _request_timeout=TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(str(exc.reason)) from exc
+            raise
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background", _request_timeout=TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def status_patch(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """A merge-patch body that turns `old` into `new` (removed keys become null)."""
+    out: dict[str, Any] = dict(new)
+    for key in (old or {}).keys() - new.keys():
+        out[key] = None
+    return out

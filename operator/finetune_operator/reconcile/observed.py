@@ -1,0 +1,144 @@
+"""What the operator reads back from the cluster, reduced to what decisions need.
+
+Raw Pod and StatefulSet bodies (from kopf indexes or the API) become small frozen
+views; everything downstream is a pure function of these views, which keeps the
+lifecycle logic testable without a cluster and robust to odd objects: a field that
+is missing or malformed reads as "unknown", never as an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..render.identity import CONFIG_HASH_ANNOTATION, POD_INDEX_LABEL
+
+
+@dataclass(frozen=True)
+class Termination:
+    exit_code: int
+    reason: str
+    message: str
+    finished_at: str
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    uid: str
+    ordinal: int
+    phase: str
+    ready: bool
+    ip: str | None
+    restart_count: int
+    deleting: bool
+    config_hash: str | None
+    created: str
+    terminated: Termination | None
+    last_terminated: Termination | None
+
+    @property
+    def failure(self) -> Termination | None:
+        """The latest non-zero exit of this pod's trainer, if any."""
+        for term in (self.terminated, self.last_terminated):
+            if term is not None and term.exit_code != 0:
+                return term
+        return None
+
+    @property
+    def completed(self) -> Termination | None:
+        """The zero exit that marks this rank as finished, if any."""
+        for term in (self.terminated, self.last_terminated):
+            if term is not None and term.exit_code == 0:
+                return term
+        return None
+
+    def fingerprint(self, term: Termination) -> str:
+        return f"{self.uid}/{self.restart_count}/{term.finished_at}/{term.exit_code}"
+
+
+@dataclass(frozen=True)
+class WorkersView:
+    replicas: int
+    config_hash: str | None
+
+
+@dataclass(frozen=True)
+class Observed:
+    workers: WorkersView | None
+    pods: tuple[PodView, ...] = ()
+
+    @property
+    def live_pods(self) -> tuple[PodView, ...]:
+        return tuple(sorted((p for p in self.pods if not p.deleting), key=lambda p: p.ordinal))
+
+
+def _get(obj: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _termination(raw: Any) -> Termination | None:
+    if not isinstance(raw, Mapping):
+        return None
+    code = raw.get("exitCode")
+    if not isinstance(code, int):
+        return None
+    return Termination(
+        exit_code=code,
+        reason=str(raw.get("reason") or ""),
+        message=str(raw.get("message") or ""),
+        finished_at=str(raw.get("finishedAt") or ""),
+    )
+
+
+def _ordinal(body: Mapping[str, Any]) -> int:
+    label = _get(body, "metadata", "labels", POD_INDEX_LABEL)
+    if isinstance(label, str) and label.isdigit():
+        return int(label)
+    name = str(_get(body, "metadata", "name") or "")
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def pod_view(body: Mapping[str, Any]) -> PodView:
+    statuses = _get(body, "status", "containerStatuses") or []
+    trainer: Mapping[str, Any] = next(
+        (s for s in statuses if isinstance(s, Mapping) and s.get("name") == "trainer"),
+        statuses[0] if statuses and isinstance(statuses[0], Mapping) else {},
+    )
+    conditions = _get(body, "status", "conditions") or []
+    ready = any(isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    restarts = trainer.get("restartCount")
+    return PodView(
+        name=str(_get(body, "metadata", "name") or ""),
+        uid=str(_get(body, "metadata", "uid") or ""),
+        ordinal=_ordinal(body),
+        phase=str(_get(body, "status", "phase") or "Unknown"),
+        ready=ready,
+        ip=_get(body, "status", "podIP"),
+        restart_count=restarts if isinstance(restarts, int) else 0,
+        deleting=_get(body, "metadata", "deletionTimestamp") is not None,
+        config_hash=_get(body, "metadata", "annotations", CONFIG_HASH_ANNOTATION),
+        created=str(_get(body, "metadata", "creationTimestamp") or ""),
+        terminated=_termination(_get(trainer, "state", "terminated")),
+        last_terminated=_termination(_get(trainer, "lastState", "terminated")),
+    )
+
+
+def workers_view(body: Mapping[str, Any] | None) -> WorkersView | None:
+    if body is None:
+        return None
+    replicas = _get(body, "spec", "replicas")
+    return WorkersView(
+        replicas=replicas if isinstance(replicas, int) else 0,
+        config_hash=_get(body, "spec", "template", "metadata", "annotations", CONFIG_HASH_ANNOTATION),
+    )
+
+
+def observe(statefulset: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]]) -> Observed:
+    return Observed(workers=workers_view(statefulset), pods=tuple(pod_view(p) for p in pods))

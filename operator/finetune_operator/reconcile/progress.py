@@ -1,0 +1,88 @@
+"""Progress of a running job, read from rank 0's Prometheus endpoint.
+
+The operator already knows the pod IP and metrics port; one small HTTP GET per
+interval turns the trainer's gauges into `status.progress` (step, total, epoch, loss,
+tokens/s, ETA). Anything unreachable or unparsable degrades quietly to "no update".
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.request
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ..api.status import Progress
+
+WANTED = {
+    "finetune_train_global_step": "step",
+    "finetune_train_max_steps": "total",
+    "finetune_train_epoch": "epoch",
+    "finetune_train_loss": "loss",
+    "finetune_train_tokens": "tokens",
+    "finetune_train_tokens_total": "tokens",
+    "finetune_data_skipped_records": "skipped",
+    "finetune_data_skipped_records_total": "skipped",
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The raw numbers of one scrape, kept to compute rates between scrapes."""
+
+    at: float
+    values: dict[str, float]
+
+
+def scrape(url: str, timeout: float = 1.0) -> dict[str, float] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            text = response.read(2_000_000).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+    return parse(text)
+
+
+def parse(text: str) -> dict[str, float] | None:
+    values: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                key = WANTED.get(sample.name)
+                if key is not None and key not in values:
+                    values[key] = float(sample.value)
+    except (ValueError, TypeError):
+        return None
+    return values or None
+
+
+def to_progress(now: datetime, current: Sample, previous: Sample | None) -> Progress:
+    v = current.values
+    step = int(v.get("step", 0))
+    total = int(v["total"]) if v.get("total") else None
+    rate = None
+    eta = None
+    if previous is not None and current.at > previous.at:
+        dt = current.at - previous.at
+        tokens = v.get("tokens", 0.0) - previous.values.get("tokens", 0.0)
+        rate = round(tokens / dt, 2) if tokens >= 0 else None
+        steps = step - int(previous.values.get("step", 0))
+        if total and steps > 0:
+            eta = int((total - step) * dt / steps)
+    percent = min(100, int(100 * step / total)) if total else None
+    summary = f"{step}/{total} ({percent}%)" if total else str(step)
+    loss = v.get("loss")
+    return Progress(
+        step=step,
+        total_steps=total,
+        epoch=round(v["epoch"], 3) if "epoch" in v else None,
+        loss=round(loss, 4) if loss is not None and not math.isnan(loss) else None,
+        tokens_per_second=rate,
+        eta_seconds=eta,
+        percent=percent,
+        summary=summary,
+        skipped_records=int(v["skipped"]) if "skipped" in v else None,
+        last_update_time=now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )

@@ -1,0 +1,59 @@
+"""Every object the operator creates for a job, in apply order.
+
+`render_all` is the one entry point: the reconciler server-side applies its output
+and `ftjob render` prints it. The config hash in the pod template changes exactly
+when the files in the ConfigMap change, which is how the operator knows the running
+gang is stale and must be restarted together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from ..api.job import FineTuneJob
+from ..api.status import PlanStatus
+from .config_files import config_files
+from .identity import config_map_name, labels, metadata, selector_labels
+from .options import RenderOptions
+from .workers import headless_service, statefulset
+
+
+def config_map(job: FineTuneJob, plan: PlanStatus) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(job, config_map_name(job), "config"),
+        "data": config_files(job, plan),
+    }
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    digest = hashlib.sha256()
+    for key, value in sorted(config["data"].items()):
+        digest.update(key.encode() + b"\0" + value.encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def pod_monitor(job: FineTuneJob, options: RenderOptions) -> dict[str, Any]:
+    """A Prometheus Operator PodMonitor scraping every rank's metrics port."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {**metadata(job, job.name, "metrics"), "labels": labels(job, "metrics")},
+        "spec": {
+            "selector": {"matchLabels": selector_labels(job)},
+            "podMetricsEndpoints": [
+                {"port": f"metrics-{rank}", "interval": "15s"} for rank in range(job.spec.resources.ranks_per_node)
+            ],
+        },
+    }
+
+
+def render_all(job: FineTuneJob, plan: PlanStatus, options: RenderOptions, replicas: int) -> list[dict[str, Any]]:
+    """ConfigMap, headless Service, StatefulSet (and PodMonitor when enabled)."""
+    config = config_map(job, plan)
+    objects = [config, headless_service(job, options), statefulset(job, options, replicas, config_hash(config))]
+    if options.pod_monitor:
+        objects.append(pod_monitor(job, options))
+    return objects

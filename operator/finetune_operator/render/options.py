@@ -1,0 +1,20 @@
+"""Operator-wide settings that shape what is rendered (not part of any one job)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_TRAINER_IMAGE = "ghcr.io/finetune-operator/trainer:0.1.0"
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Knobs the operator's flags set; the defaults are what a Helm install uses."""
+
+    trainer_image: str = DEFAULT_TRAINER_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    master_port: int = 29500
+    metrics_port: int = 9400
+    pod_monitor: bool = False
+    run_as_user: int = 1000
+    termination_grace_seconds: int = 60

@@ -1,0 +1,72 @@
+"""Which volumes a trainer pod mounts, derived from the URIs in the spec.
+
+Every `pvc://claim/...` URI (model, dataset, output) mounts its claim at
+`/mnt/pvc/<claim>`, the layout `finetune_trainer.paths` resolves against; the output
+claim is writable, the others read-only. The operator never creates or deletes a claim:
+output data outlives the job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..api.job import FineTuneJob
+
+PVC_ROOT = "/mnt/pvc"
+SHM_SIZE = "8Gi"
+
+
+def claim_of(uri: str) -> str | None:
+    if not uri.startswith("pvc://"):
+        return None
+    return uri[len("pvc://") :].split("/", 1)[0]
+
+
+def local_path(uri: str) -> str | None:
+    """Where a pvc:// or path URI appears inside the container."""
+    claim = claim_of(uri)
+    if claim is not None:
+        rest = uri[len("pvc://") + len(claim) :].lstrip("/")
+        return f"{PVC_ROOT}/{claim}" + (f"/{rest}" if rest else "")
+    if uri.startswith("file://"):
+        return uri[len("file://") :]
+    return uri if uri.startswith("/") else None
+
+
+def claims(job: FineTuneJob) -> dict[str, bool]:
+    """Claim name → read-only? (a claim used for output is writable)."""
+    spec = job.spec
+    out: dict[str, bool] = {}
+    for uri, read_only in ((spec.model.uri, True), (spec.dataset.uri, True), (spec.output.uri, False)):
+        claim = claim_of(uri)
+        if claim is not None:
+            out[claim] = out.get(claim, True) and read_only
+    if spec.model.tokenizer and (claim := claim_of(spec.model.tokenizer)):
+        out.setdefault(claim, True)
+    return out
+
+
+def volumes(job: FineTuneJob, config_map: str) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": config_map}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+    ]
+    for claim, read_only in sorted(claims(job).items()):
+        result.append(
+            {"name": f"pvc-{claim}"[:63], "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}}
+        )
+    if job.spec.deepspeed.nvme_path:
+        result.append({"name": "nvme", "emptyDir": {}})
+    return result
+
+
+def volume_mounts(job: FineTuneJob, config_dir: str) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": config_dir, "readOnly": True},
+        {"name": "shm", "mountPath": "/dev/shm"},
+    ]
+    for claim, read_only in sorted(claims(job).items()):
+        result.append({"name": f"pvc-{claim}"[:63], "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": read_only})
+    if job.spec.deepspeed.nvme_path:
+        result.append({"name": "nvme", "mountPath": job.spec.deepspeed.nvme_path})
+    return result

@@ -1,0 +1,173 @@
+"""The headless Service and the GPU StatefulSet that run a job's ranks.
+
+One pod per node; the StatefulSet ordinal is the node rank and the headless Service
+gives every pod the stable DNS name the hostfile lists. `updateStrategy: OnDelete`
+because a DeepSpeed gang cannot be rolled pod by pod: the operator deletes all pods
+together (a gang restart) when the config changes or a rank fails. User strings reach
+the container only as argv elements or env values, never through a shell.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..api.job import FineTuneJob
+from .config_files import CONFIG_DIR
+from .identity import (
+    CONFIG_HASH_ANNOTATION,
+    POD_INDEX_LABEL,
+    config_map_name,
+    labels,
+    metadata,
+    rank0_host,
+    selector_labels,
+    service_name,
+    workers_name,
+)
+from .options import RenderOptions
+from .volumes import local_path, volume_mounts, volumes
+
+DEFAULT_ENV = {
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "HOME": "/tmp",
+    "HF_HOME": "/tmp/hf",
+    "PYTHONUNBUFFERED": "1",
+}
+"""Defaults a user's env may override (fragmentation is a classic "OOM with free memory")."""
+
+
+def headless_service(job: FineTuneJob, options: RenderOptions) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(job, service_name(job), "workers"),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(job),
+            "ports": [{"name": "rendezvous", "port": options.master_port, "targetPort": options.master_port}],
+        },
+    }
+
+
+def _field(path: str) -> dict[str, Any]:
+    return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _env(job: FineTuneJob, options: RenderOptions) -> list[dict[str, Any]]:
+    spec = job.spec
+    user = {e.name: e for e in spec.env or []}
+    env: list[dict[str, Any]] = [
+        {"name": "MASTER_ADDR", "value": rank0_host(job)},
+        {"name": "MASTER_PORT", "value": str(options.master_port)},
+        {"name": "NNODES", "value": str(spec.resources.num_nodes)},
+        {"name": "NODE_RANK", **_field(f"metadata.labels['{POD_INDEX_LABEL}']")},
+        {"name": "FTJOB_POD_NAME", **_field("metadata.name")},
+        {"name": "FTJOB_NAMESPACE", **_field("metadata.namespace")},
+        {"name": "FTJOB_POD_IP", **_field("status.podIP")},
+        {"name": "FTJOB_CONFIG_DIR", "value": CONFIG_DIR},
+        {"name": "FTJOB_OUTPUT_DIR", "value": local_path(spec.output.uri) or "/tmp/output"},
+        {"name": "FTJOB_METRICS_PORT", "value": str(options.metrics_port)},
+        {"name": "DS_ACCELERATOR", "value": "cuda" if spec.resources.gpus_per_node else "cpu"},
+    ]
+    env += [{"name": k, "value": v} for k, v in DEFAULT_ENV.items() if k not in user]
+    if spec.hf_token_secret_ref and "HF_TOKEN" not in user:
+        ref = spec.hf_token_secret_ref
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    for var in spec.env or []:
+        if var.value_from is not None:
+            ref = var.value_from.secret_key_ref
+            env.append({"name": var.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        else:
+            env.append({"name": var.name, "value": var.value})
+    return env
+
+
+def _resources(job: FineTuneJob) -> dict[str, Any]:
+    res = job.spec.resources
+    limits: dict[str, Any] = {}
+    requests: dict[str, Any] = {}
+    if res.gpus_per_node:
+        limits["nvidia.com/gpu"] = res.gpus_per_node
+    for key, value in (("cpu", res.cpu), ("memory", res.memory)):
+        if value is not None:
+            limits[key] = requests[key] = str(value)
+    out: dict[str, Any] = {}
+    if limits:
+        out["limits"] = limits
+    if requests:
+        out["requests"] = requests
+    return out
+
+
+def _ports(job: FineTuneJob, options: RenderOptions) -> list[dict[str, Any]]:
+    ports = [{"name": "rendezvous", "containerPort": options.master_port, "protocol": "TCP"}]
+    for local_rank in range(job.spec.resources.ranks_per_node):
+        ports.append({"name": f"metrics-{local_rank}", "containerPort": options.metrics_port + local_rank})
+    return ports
+
+
+def statefulset(job: FineTuneJob, options: RenderOptions, replicas: int, config_hash: str) -> dict[str, Any]:
+    """The workers; `replicas` is numNodes while running, 0 when suspended or finished."""
+    spec = job.spec
+    restricted = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    container: dict[str, Any] = {
+        "name": "trainer",
+        "image": spec.image or options.trainer_image,
+        "imagePullPolicy": options.image_pull_policy,
+        "command": ["ftjob"],
+        "args": ["train", "--config", CONFIG_DIR],
+        "env": _env(job, options),
+        "ports": _ports(job, options),
+        "resources": _resources(job),
+        "volumeMounts": volume_mounts(job, CONFIG_DIR),
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": restricted,
+    }
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "restartPolicy": "Always",
+        "subdomain": service_name(job),
+        "terminationGracePeriodSeconds": options.termination_grace_seconds,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": options.run_as_user,
+            "runAsGroup": options.run_as_user,
+            "fsGroup": options.run_as_user,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes(job, config_map_name(job)),
+    }
+    if spec.resources.node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(spec.resources.node_selector.items()))
+    if spec.resources.tolerations:
+        pod_spec["tolerations"] = [t.to_wire() for t in spec.resources.tolerations]
+    if spec.resources.priority_class_name:
+        pod_spec["priorityClassName"] = spec.resources.priority_class_name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": metadata(job, workers_name(job), "workers"),
+        "spec": {
+            "serviceName": service_name(job),
+            "replicas": replicas,
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},
+            "selector": {"matchLabels": selector_labels(job)},
+            "template": {
+                "metadata": {
+                    "labels": labels(job, "trainer"),
+                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash},
+                },
+                "spec": pod_spec,
+            },
+        },
+    }

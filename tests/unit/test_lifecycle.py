@@ -1,0 +1,297 @@
+"""The lifecycle decision, scenario by scenario, without a cluster."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from finetune_operator.api import FineTuneJob
+from finetune_operator.api.spec import FineTuneJobSpec
+from finetune_operator.api.status import FineTuneJobStatus, PlanStatus
+from finetune_operator.plan.fixed import fixed_plan
+from finetune_operator.reconcile.lifecycle import Decision, PlanFailed, decide
+from finetune_operator.reconcile.observed import observe
+from tests.factories import job_document
+
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+HASH = "h1"
+
+
+def ts(at: datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pod(
+    ordinal: int,
+    *,
+    ready: bool = True,
+    state: dict[str, Any] | None = None,
+    last: dict[str, Any] | None = None,
+    restarts: int = 0,
+    config_hash: str = HASH,
+    created: datetime = NOW - timedelta(minutes=5),
+    deleting: bool = False,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": f"job-{ordinal}",
+        "uid": f"uid-{ordinal}-{created.timestamp():.0f}",
+        "labels": {"apps.kubernetes.io/pod-index": str(ordinal)},
+        "annotations": {"finetune.dev/config-hash": config_hash},
+        "creationTimestamp": ts(created),
+    }
+    if deleting:
+        meta["deletionTimestamp"] = ts(NOW)
+    return {
+        "metadata": meta,
+        "status": {
+            "phase": "Running",
+            "podIP": f"127.2.0.{ordinal + 1}",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [
+                {
+                    "name": "trainer",
+                    "restartCount": restarts,
+                    "state": state or {"running": {}},
+                    "lastState": {"terminated": last} if last else {},
+                }
+            ],
+        },
+    }
+
+
+def exited(code: int, message: str = "", reason: str = "Error", at: datetime = NOW) -> dict[str, Any]:
+    return {"exitCode": code, "reason": reason, "message": message, "finishedAt": ts(at)}
+
+
+def planner(spec: FineTuneJobSpec) -> PlanStatus:
+    return fixed_plan(spec)
+
+
+def frugal(spec: FineTuneJobSpec, plan: PlanStatus) -> PlanStatus | None:
+    if plan.zero_stage >= 3:
+        return None
+    return plan.model_copy(update={"zero_stage": plan.zero_stage + 1})
+
+
+def job_with(status: FineTuneJobStatus | None = None, generation: int = 1, **spec: Any) -> FineTuneJob:
+    doc = job_document(resources={"numNodes": 2, "gpusPerNode": 8}, **spec)
+    doc["metadata"].update({"uid": "job-uid", "generation": generation})
+    job = FineTuneJob.from_manifest(doc)
+    return job.model_copy(update={"status": status}) if status else job
+
+
+def run(job: FineTuneJob, pods: list[dict[str, Any]], sts: bool = True, now: datetime = NOW, **kw: Any) -> Decision:
+    observed = observe({"spec": {"replicas": 2}} if sts else None, pods)
+    return decide(
+        job,
+        observed,
+        now,
+        planner=kw.pop("planner", planner),
+        replanner=kw.pop("replanner", frugal),
+        desired_config_hash=lambda _p: HASH,
+        **kw,
+    )
+
+
+def step(job: FineTuneJob, pods: list[dict[str, Any]], **kw: Any) -> tuple[FineTuneJob, Decision]:
+    decision = run(job, pods, **kw)
+    return job.model_copy(update={"status": decision.status}), decision
+
+
+def reasons(decision: Decision) -> list[str]:
+    return [e.reason for e in decision.events]
+
+
+def test_new_job_is_planned_and_waits_for_workers() -> None:
+    decision = run(job_with(), [], sts=False)
+    status = decision.status
+    assert status.plan is not None and status.plan.zero_stage == 2
+    assert decision.replicas == 2 and not decision.delete_pods
+    assert status.state == "Planned"
+    assert status.topology == "2×8"
+    assert status.start_time == ts(NOW)
+    assert "Planned" in reasons(decision)
+
+
+def test_all_ranks_ready_is_running_and_reports_workers() -> None:
+    job, _ = step(job_with(), [])
+    decision = run(job, [pod(0), pod(1)])
+    assert decision.status.state == "Running"
+    assert decision.status.workers is not None and decision.status.workers.summary == "2/2"
+
+
+def test_half_ready_is_not_running() -> None:
+    job, _ = step(job_with(), [])
+    decision = run(job, [pod(0), pod(1, ready=False)])
+    assert decision.status.state == "Planned"
+    assert any(c.reason == "WaitingForWorkers" for c in decision.status.conditions)
+
+
+def test_every_rank_exiting_zero_succeeds_with_the_summary_in_result() -> None:
+    job, _ = step(job_with(), [])
+    summary = json.dumps({"finalLoss": 0.25, "steps": 40, "tokens": 12345, "adapter": "/out/adapter"})
+    decision = run(job, [pod(0, last=exited(0, summary, "Completed")), pod(1, state={"terminated": exited(0)})])
+    status = decision.status
+    assert status.state == "Succeeded" and decision.replicas == 0
+    assert status.result is not None and status.result.final_loss == 0.25 and status.result.steps == 40
+    assert status.result.adapter_uri == "/out/adapter"
+    assert status.completion_time == ts(NOW)
+
+
+def test_rank_failure_restarts_the_gang_and_counts_once() -> None:
+    job, _ = step(job_with(), [])
+    failing = [pod(0, state={"terminated": exited(1, "ValueError: bad batch")}), pod(1)]
+    job, first = step(job, failing)
+    assert first.delete_pods and first.status.restarts == 1
+    assert first.status.state == "Restarting"
+    assert first.status.last_failure is not None and "bad batch" in first.status.last_failure.message
+    # the same failure seen again (deletion still in flight) is not counted twice
+    job, again = step(job, failing)
+    assert again.delete_pods and again.status.restarts == 1
+    assert "GangRestart" not in reasons(again) and "RankFailed" not in reasons(again)
+
+
+def test_a_new_gang_after_restart_recovers() -> None:
+    job, _ = step(job_with(), [])
+    job, _ = step(job, [pod(0, state={"terminated": exited(1, "boom")}), pod(1)])
+    fresh = NOW + timedelta(seconds=30)
+    job, decision = step(job, [pod(0, created=fresh), pod(1, created=fresh)], now=fresh)
+    assert decision.status.state == "Running" and not decision.delete_pods
+    assert "Recovered" in reasons(decision)
+
+
+def test_old_gang_pods_left_behind_are_deleted_again() -> None:
+    job, _ = step(job_with(), [])
+    job, _ = step(job, [pod(0, state={"terminated": exited(1, "boom")}), pod(1)])
+    later = NOW + timedelta(seconds=30)
+    decision = run(job, [pod(0, created=later), pod(1)], now=later)
+    assert decision.delete_pods and decision.status.restarts == 1
+
+
+def test_backoff_limit_fails_with_the_root_cause() -> None:
+    job, _ = step(job_with(failurePolicy={"backoffLimit": 1}), [])
+    job, _ = step(job, [pod(0, state={"terminated": exited(2, "first")}), pod(1)])
+    later = NOW + timedelta(minutes=1)
+    decision = run(
+        job, [pod(0, created=later), pod(1, created=later, last=exited(3, "NCCL timeout", at=later))], now=later
+    )
+    status = decision.status
+    assert status.state == "Failed" and decision.replicas == 0 and not decision.delete_pods
+    failed = next(c for c in status.conditions if c.type == "Failed")
+    assert failed.reason == "BackoffLimitExceeded" and "NCCL timeout" in failed.message
+
+
+def test_terminal_job_is_never_restarted() -> None:
+    job, _ = step(job_with(failurePolicy={"backoffLimit": 0}), [])
+    job, decision = step(job, [pod(0, state={"terminated": exited(1)}), pod(1)])
+    assert decision.status.state == "Failed"
+    decision = run(job, [pod(0, state={"terminated": exited(1, at=NOW + timedelta(1))}), pod(1)])
+    assert not decision.delete_pods and decision.replicas == 0 and decision.status.restarts == 0
+
+
+@pytest.mark.parametrize(
+    ("term", "oom"),
+    [
+        (exited(137, "", "OOMKilled"), True),
+        (exited(1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+        (exited(1, "RuntimeError: DefaultCPUAllocator: can't allocate memory"), False),
+        (exited(137, "", "Error"), False),
+    ],
+)
+def test_out_of_memory_replans_to_a_more_frugal_strategy(term: dict[str, Any], oom: bool) -> None:
+    job, _ = step(job_with(), [])
+    decision = run(job, [pod(0, state={"terminated": term}), pod(1)])
+    plan = decision.status.plan
+    assert plan is not None and decision.delete_pods
+    assert (plan.zero_stage == 3) is oom
+    assert (plan.replans == 1) is oom
+    if oom:
+        assert plan.replan_reason is not None and "ZeRO-2" in plan.replan_reason and "ZeRO-3" in plan.replan_reason
+        assert "OutOfMemoryReplanned" in reasons(decision)
+
+
+def test_oom_with_nothing_more_frugal_fails() -> None:
+    job, _ = step(job_with(deepspeed={"zeroStage": 3}), [])
+    decision = run(job, [pod(0, state={"terminated": exited(137, "", "OOMKilled")}), pod(1)])
+    assert decision.status.state == "Failed"
+    assert next(c for c in decision.status.conditions if c.type == "Failed").reason == "OutOfMemory"
+
+
+def test_oom_with_fail_policy_fails() -> None:
+    job, _ = step(job_with(failurePolicy={"onOutOfMemory": "Fail"}), [])
+    decision = run(job, [pod(0, state={"terminated": exited(137, "", "OOMKilled")}), pod(1)])
+    assert decision.status.state == "Failed"
+
+
+def test_suspend_scales_to_zero_and_resume_comes_back() -> None:
+    job, _ = step(job_with(), [pod(0), pod(1)])
+    suspended = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": True})})
+    job, decision = step(suspended, [pod(0), pod(1)])
+    assert decision.replicas == 0 and decision.status.state == "Suspended"
+    resumed = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": False})})
+    decision = run(resumed, [])
+    assert decision.replicas == 2 and "Resumed" not in [
+        c.reason for c in decision.status.conditions if c.status == "True"
+    ]
+    assert decision.status.state == "Planned"
+
+
+def test_active_deadline_fails_the_job() -> None:
+    job, _ = step(job_with(activeDeadlineSeconds=60), [])
+    decision = run(job, [pod(0), pod(1)], now=NOW + timedelta(seconds=61))
+    failed = next(c for c in decision.status.conditions if c.type == "Failed")
+    assert failed.reason == "DeadlineExceeded" and decision.replicas == 0
+
+
+def test_ttl_deletes_the_finished_job_only_when_due() -> None:
+    job, _ = step(job_with(ttlSecondsAfterFinished=100), [])
+    job, _ = step(job, [pod(0, last=exited(0, "{}")), pod(1, last=exited(0, "{}"))])
+    early = run(job, [], now=NOW + timedelta(seconds=50))
+    assert not early.delete_job and early.requeue_after == pytest.approx(50)
+    due = run(job, [], now=NOW + timedelta(seconds=100))
+    assert due.delete_job
+
+
+def test_config_change_restarts_the_gang_without_counting() -> None:
+    job, _ = step(job_with(), [])
+    decision = run(job, [pod(0, config_hash="old"), pod(1, config_hash="old")])
+    assert decision.delete_pods and decision.status.restarts == 0
+    assert "ConfigChanged" in reasons(decision)
+
+
+def test_plan_errors_become_failed_conditions() -> None:
+    def no_fit(spec: FineTuneJobSpec) -> PlanStatus:
+        raise PlanFailed("DoesNotFit", "needs 300 GiB per GPU; try qlora or 8 more GPUs")
+
+    decision = run(job_with(), [], sts=False, planner=no_fit)
+    failed = next(c for c in decision.status.conditions if c.type == "Failed")
+    assert failed.reason == "DoesNotFit" and "qlora" in failed.message
+    assert decision.replicas == 0 and decision.status.state == "Failed"
+
+
+def test_spec_change_replans_but_keeps_counters() -> None:
+    job, _ = step(job_with(), [])
+    job, _ = step(job, [pod(0, state={"terminated": exited(1, "x")}), pod(1)])
+    changed = job.model_copy(update={"metadata": job.metadata.model_copy(update={"generation": 2})})
+    decision = run(changed, [])
+    assert decision.status.restarts == 1 and decision.status.observed_generation == 2
+
+
+def test_transition_times_move_only_on_flips() -> None:
+    job, _ = step(job_with(), [])
+    job, first = step(job, [pod(0), pod(1)])
+    later = NOW + timedelta(minutes=3)
+    second = run(job, [pod(0), pod(1)], now=later)
+    running = next(c for c in second.status.conditions if c.type == "Running")
+    assert running.last_transition_time == ts(NOW)
+    assert second.status == first.status or second.events == []
+
+
+def test_odd_pod_bodies_do_not_crash() -> None:
+    job, _ = step(job_with(), [])
+    weird: list[dict[str, Any]] = [{}, {"metadata": None}, {"status": {"containerStatuses": [None, 3]}}]
+    decision = run(job, weird)
+    assert decision.status.workers is not None and decision.status.workers.ready == 0

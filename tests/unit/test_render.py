@@ -1,0 +1,197 @@
+"""The pure renderers: deterministic manifests that satisfy the pod contract."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from finetune_operator.api import FineTuneJob
+from finetune_operator.api.status import PlanStatus
+from finetune_operator.plan.fixed import fixed_plan
+from finetune_operator.render.config_files import cluster_hostfile
+from finetune_operator.render.deepspeed_config import deepspeed_config
+from finetune_operator.render.manifests import config_hash, config_map, render_all
+from finetune_operator.render.options import RenderOptions
+from tests.factories import job_document
+
+OPTIONS = RenderOptions(trainer_image="trainer:test")
+
+
+def job(uid: str | None = "u-1", **spec: Any) -> FineTuneJob:
+    resources = {"numNodes": 2, "gpusPerNode": 8, **spec.pop("resources", {})}
+    doc = job_document(resources=resources, **spec)
+    if uid:
+        doc["metadata"]["uid"] = uid
+    return FineTuneJob.from_manifest(doc)
+
+
+def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["kind"]: o for o in objects}
+
+
+def rendered(j: FineTuneJob, options: RenderOptions = OPTIONS, replicas: int = 2) -> dict[str, dict[str, Any]]:
+    return by_kind(render_all(j, fixed_plan(j.spec), options, replicas))
+
+
+def container(objs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    c: dict[str, Any] = objs["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]
+    return c
+
+
+def test_rendering_is_deterministic() -> None:
+    j = job()
+    assert render_all(j, fixed_plan(j.spec), OPTIONS, 2) == render_all(j, fixed_plan(j.spec), OPTIONS, 2)
+
+
+def test_hostfile_lists_every_pod_with_its_slots() -> None:
+    assert cluster_hostfile(job()) == ("job-0.job-workers.ns.svc slots=8\njob-1.job-workers.ns.svc slots=8\n")
+    cpu = job(resources={"numNodes": 3, "gpusPerNode": 0})
+    assert cluster_hostfile(cpu).count("slots=1") == 3
+
+
+def test_config_map_holds_the_four_files() -> None:
+    data = rendered(job())["ConfigMap"]["data"]
+    assert set(data) == {"job.json", "plan.json", "deepspeed.json", "hostfile"}
+    assert json.loads(data["job.json"])["spec"]["model"]["uri"] == "meta-llama/Llama-3.1-8B"
+    assert json.loads(data["deepspeed.json"])["zero_optimization"]["stage"] == 2
+
+
+def test_headless_service_publishes_not_ready_addresses() -> None:
+    svc = rendered(job())["Service"]
+    assert svc["metadata"]["name"] == "job-workers"
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_statefulset_shape() -> None:
+    sts = rendered(job())["StatefulSet"]
+    spec = sts["spec"]
+    assert spec["podManagementPolicy"] == "Parallel" and spec["replicas"] == 2
+    assert spec["serviceName"] == "job-workers"
+    assert spec["updateStrategy"] == {"type": "OnDelete"}
+    pod = spec["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    c = container(rendered(job()))
+    assert c["command"] == ["ftjob"] and c["args"] == ["train", "--config", "/etc/ftjob"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert "/dev/shm" in mounts and mounts["/etc/ftjob"]["readOnly"] is True
+    shm = next(v for v in pod["volumes"] if v["name"] == "shm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+
+
+def test_rendezvous_env_comes_from_the_pod_index() -> None:
+    env = {e["name"]: e for e in container(rendered(job()))["env"]}
+    assert env["MASTER_ADDR"]["value"] == "job-0.job-workers.ns.svc"
+    assert env["NNODES"]["value"] == "2"
+    assert env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"]["value"] == "expandable_segments:True"
+
+
+def test_user_strings_stay_data_never_shell() -> None:
+    nasty = "$(rm -rf /); `reboot`"
+    objs = rendered(job(env=[{"name": "NOTE", "value": nasty}]))
+    c = container(objs)
+    assert {"name": "NOTE", "value": nasty} in c["env"]
+    assert "sh" not in c["command"] and all(nasty not in a for a in c["args"])
+
+
+def test_user_env_overrides_defaults_and_secrets_stay_references() -> None:
+    j = job(
+        env=[{"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "max_split_size_mb:128"}],
+        hfTokenSecretRef={"name": "hf", "key": "token"},
+    )
+    env = container(rendered(j))["env"]
+    values = [e.get("value") for e in env if e["name"] == "PYTORCH_CUDA_ALLOC_CONF"]
+    assert values == ["max_split_size_mb:128"]
+    token = next(e for e in env if e["name"] == "HF_TOKEN")
+    assert token["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+
+
+def test_scheduling_fields_pass_through() -> None:
+    j = job(
+        resources={
+            "nodeSelector": {"pool": "h100"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "priorityClassName": "training",
+            "cpu": "16",
+            "memory": "128Gi",
+        }
+    )
+    pod = rendered(j)["StatefulSet"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "h100"}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert pod["priorityClassName"] == "training"
+    assert pod["containers"][0]["resources"]["requests"] == {"cpu": "16", "memory": "128Gi"}
+
+
+def test_claims_are_mounted_where_the_trainer_looks() -> None:
+    j = job(model={"uri": "pvc://models/llama"}, output={"uri": "pvc://out/run-1"})
+    c = container(rendered(j))
+    mounts = {m["mountPath"]: m["readOnly"] for m in c["volumeMounts"] if m["mountPath"].startswith("/mnt/pvc")}
+    assert mounts == {"/mnt/pvc/data": True, "/mnt/pvc/models": True, "/mnt/pvc/out": False}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["FTJOB_OUTPUT_DIR"] == "/mnt/pvc/out/run-1"
+
+
+def test_owner_reference_and_labels() -> None:
+    for obj in render_all(job(), fixed_plan(job().spec), OPTIONS, 2):
+        meta = obj["metadata"]
+        assert meta["ownerReferences"][0]["uid"] == "u-1" and meta["ownerReferences"][0]["controller"] is True
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "finetune-operator"
+        assert meta["labels"]["finetune.dev/job-name"] == "job"
+
+
+def test_offline_render_has_no_owner_reference() -> None:
+    assert all("ownerReferences" not in o["metadata"] for o in rendered(job(uid=None)).values())
+
+
+def test_pod_monitor_only_when_enabled() -> None:
+    assert "PodMonitor" not in rendered(job())
+    monitor = rendered(job(), RenderOptions(pod_monitor=True))["PodMonitor"]
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == [f"metrics-{i}" for i in range(8)]
+
+
+def test_config_hash_follows_the_plan() -> None:
+    j = job()
+    plan = fixed_plan(j.spec)
+    other = plan.model_copy(update={"zero_stage": 3})
+    assert config_hash(config_map(j, plan)) != config_hash(config_map(j, other))
+    template = rendered(j)["StatefulSet"]["spec"]["template"]
+    assert template["metadata"]["annotations"]["finetune.dev/config-hash"] == config_hash(config_map(j, plan))
+
+
+@pytest.mark.parametrize(
+    ("stage", "opt", "par", "expect_opt", "expect_par"),
+    [(2, "none", "none", False, False), (2, "cpu", "none", True, False), (3, "cpu", "cpu", True, True)],
+)
+def test_deepspeed_config_follows_the_plan(stage: int, opt: str, par: str, expect_opt: bool, expect_par: bool) -> None:
+    j = job(deepspeed={"overrides": {"zero_optimization.overlap_comm": False, "communication_data_type": "fp32"}})
+    plan = PlanStatus(
+        zero_stage=stage,
+        offload_optimizer=opt,
+        offload_params=par,
+        gradient_checkpointing=True,
+        micro_batch_size=2,
+        gradient_accumulation_steps=4,
+        per_gpu_bytes=0,
+        gpu_memory_bytes=0,
+    )
+    config = deepspeed_config(j.spec, plan)
+    assert config["train_batch_size"] == 2 * 4 * 16
+    assert config["zero_optimization"]["stage"] == stage
+    assert ("offload_optimizer" in config["zero_optimization"]) is expect_opt
+    assert ("offload_param" in config["zero_optimization"]) is expect_par
+    assert config["zero_optimization"]["overlap_comm"] is False
+    assert config["communication_data_type"] == "fp32"
+    assert config["bf16"]["enabled"] is True and config["gradient_clipping"] == 1.0
