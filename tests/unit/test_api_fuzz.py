@@ -74,6 +74,10 @@ MENU: dict[str, list[Any]] = {
 
 EMULATION = ApiserverEmulation()
 
+OPERATOR_CHECKED = ("spec.training.gradientCheckpointing:", "spec.deepspeed.overrides:")
+"""Fields the structural schema cannot check (boolean-or-auto; free-form DeepSpeed keys): the
+apiserver stores them and the operator answers a bad value with Failed/InvalidSpec."""
+
 
 def _set(spec: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
@@ -108,6 +112,8 @@ FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCh
 def test_models_and_schema_agree(document: dict[str, Any]) -> None:
     job, lines = _pydantic(document)
     schema_problems = EMULATION.problems(document)
+    if job is None and not schema_problems and all(line.startswith(OPERATOR_CHECKED) for line in lines):
+        return
     assert (job is not None) == (schema_problems == []), (
         f"pydantic: {lines or 'accepted'}; schema: {schema_problems or 'accepted'}"
     )

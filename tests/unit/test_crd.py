@@ -42,8 +42,17 @@ def _walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any
 NODES = _walk(openapi_schema())
 
 
+OPENAPI_KEYS = {
+    "type", "description", "properties", "required", "items", "additionalProperties", "enum", "format", "pattern",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems",
+    "maxProperties", "nullable", "anyOf", "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-validations", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
+}  # fmt: skip
+
+
 @pytest.mark.parametrize(("path", "node"), NODES, ids=[p or "<root>" for p, _ in NODES])
 def test_schema_is_structural(path: str, node: dict[str, Any]) -> None:
+    assert set(node) <= OPENAPI_KEYS, f"{path}: keys the apiserver does not accept: {set(node) - OPENAPI_KEYS}"
     special = node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields")
     assert "type" in node or special, f"{path}: untyped"
     assert "$ref" not in node and "allOf" not in node and "oneOf" not in node

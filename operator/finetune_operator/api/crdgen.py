@@ -5,7 +5,9 @@ and copies it into the chart; `--check` fails when the committed files differ. T
 conversion turns pydantic's JSON Schema into a *structural* OpenAPI v3 schema:
 references inlined, every property typed, optionals `nullable` instead of `anyOf`
 with null, int-or-string fields marked, and each model's cross-field rules emitted as
-CEL `x-kubernetes-validations`. Optionals are `nullable`, except fields whose presence a
+CEL `x-kubernetes-validations`. A field that takes a YAML boolean or `auto` cannot be
+typed structurally (and CEL cannot see untyped fields), so it is left untyped here and
+checked by the models: a bad value gives `Failed/InvalidSpec` on the job. Optionals are `nullable`, except fields whose presence a
 rule tests with `has()`: for those an explicit null is pruned by the apiserver, so a
 null and an absent field mean the same thing to CEL and to pydantic.
 """
@@ -55,6 +57,18 @@ def _models_by_name(root: type[BaseModel]) -> dict[str, type[BaseModel]]:
     return found
 
 
+def _key_rule(names: dict[str, Any]) -> dict[str, str]:
+    """Map-key constraints (JSON Schema `propertyNames`) as a CEL rule: OpenAPI has no such keyword."""
+    checks = []
+    if "maxLength" in names:
+        checks.append(f"size(k) <= {names['maxLength']}")
+    if "pattern" in names:
+        checks.append(f"k.matches('{names['pattern']}')")
+    limit = f" at most {names['maxLength']} characters" if "maxLength" in names else ""
+    shape = f" matching {names['pattern']}" if "pattern" in names else ""
+    return {"rule": f"self.all(k, {' && '.join(checks) or 'true'})", "message": f"keys must be{limit}{shape}"}
+
+
 def _presence_tested(model: type[BaseModel] | None) -> set[str]:
     """Fields whose presence a CEL rule of `model` tests with has(self.<field>).
 
@@ -91,16 +105,7 @@ class _Converter:
                     out[key] = node[key]
             return out
         if node.pop("x-ftjob-bool-or-auto", False):
-            return {
-                "description": node.get("description", ""),
-                "x-kubernetes-preserve-unknown-fields": True,
-                "x-kubernetes-validations": [
-                    {
-                        "rule": "type(self) == bool || (type(self) == string && self in ['auto', 'true', 'false'])",
-                        "message": "must be auto, true or false",
-                    }
-                ],
-            }
+            return {"description": node.get("description", ""), "x-kubernetes-preserve-unknown-fields": True}
         if node.pop("x-ftjob-preserve-unknown", False):
             return {
                 "type": "object",
@@ -131,6 +136,9 @@ class _Converter:
                 out["properties"] = {k: self.convert(v, presence_tested=k in tested) for k, v in props.items()}
             if isinstance(out.get("additionalProperties"), dict):
                 out["additionalProperties"] = self.convert(out["additionalProperties"])
+            names = out.pop("propertyNames", None)
+            if names:
+                extra_rules.append(_key_rule(names))
             elif out.get("additionalProperties") is False:
                 del out["additionalProperties"]
         elif kind == "array":
@@ -143,7 +151,7 @@ class _Converter:
                 out["minimum" if bound == "exclusiveMinimum" else "maximum"] = out[bound]
                 out[bound] = True
         if model_name and model_name in self.models:
-            extra_rules = [r.to_crd() for r in rules_of(self.models[model_name])]
+            extra_rules += [r.to_crd() for r in rules_of(self.models[model_name])]
         if extra_rules:
             out["x-kubernetes-validations"] = extra_rules
         return out

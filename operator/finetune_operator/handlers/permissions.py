@@ -1,0 +1,38 @@
+"""Every API permission the operator needs, and why: the source of truth for RBAC.
+
+The chart's Role/ClusterRole must grant exactly these (a test compares them), so a
+new API call in the operator cannot ship without its verb, and no verb ships that the
+operator does not use. Secrets are absent on purpose: pods reference them by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Permission:
+    api_group: str
+    resource: str
+    verbs: tuple[str, ...]
+    why: str
+
+
+REQUIRED: tuple[Permission, ...] = (
+    Permission(
+        "finetune.dev",
+        "finetunejobs",
+        ("get", "list", "watch", "patch", "delete"),
+        "watch jobs; kopf annotations; delete after ttlSecondsAfterFinished",
+    ),
+    Permission("finetune.dev", "finetunejobs/status", ("get", "patch"), "write status through the subresource"),
+    Permission("apps", "statefulsets", ("get", "list", "watch", "create", "patch"), "server-side apply the workers"),
+    Permission("", "services", ("get", "create", "patch"), "server-side apply the headless Service"),
+    Permission("", "configmaps", ("get", "create", "patch"), "server-side apply hostfile and DeepSpeed config"),
+    Permission("", "pods", ("get", "list", "watch", "deletecollection"), "follow ranks; gang restart"),
+    Permission("", "events", ("create",), "report transitions as Events"),
+)
+
+OPTIONAL: tuple[Permission, ...] = (
+    Permission("monitoring.coreos.com", "podmonitors", ("get", "create", "patch"), "only with podMonitor enabled"),
+)
