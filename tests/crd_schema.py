@@ -13,7 +13,7 @@ import copy
 from typing import Any
 
 import celpy
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 
 from finetune_operator.api.crdgen import build_crd
 
@@ -86,7 +86,7 @@ def cel_failures(doc: Any, schema: dict[str, Any], path: str = "") -> list[str]:
     for rule in schema.get("x-kubernetes-validations", []):
         if "oldSelf" in rule["rule"]:
             continue
-        result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(doc)})
+        result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(doc)})  # type: ignore[attr-defined]
         if isinstance(result, Exception) or not bool(result):
             failures.append(f"{path}{rule.get('fieldPath', '')}: {rule['message']}")
     if isinstance(doc, dict):

@@ -130,7 +130,17 @@ build_kwok() {
 
 build_helm() {
   mkdir -p "$WORK/helm/bin"
-  timed "helm $HELM_VERSION" env GOBIN="$WORK/helm/bin" go install -p "$JOBS" -trimpath -ldflags '-s -w' "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  # Stamp as helm's Makefile does: its version, and the Kubernetes version `helm template`
+  # assumes without a cluster (from its client-go requirement, v0.N -> 1.N).
+  local gomod client_go minor v="helm.sh/helm/v3/internal/version"
+  gomod="$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+  client_go="$(awk '$1 == "k8s.io/client-go" {print $2; exit}' "$gomod")"
+  minor="$(echo "$client_go" | cut -d. -f2)"
+  [[ -n "$minor" ]] || die "cannot read helm's k8s.io/client-go version from $gomod"
+  local ld="-s -w -X $v.version=$HELM_VERSION -X $v.gitTreeState=clean"
+  ld+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$minor"
+  ld+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$minor"
+  timed "helm $HELM_VERSION" env GOBIN="$WORK/helm/bin" go install -p "$JOBS" -trimpath -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   mkdir -p "$helm_dir"; rm -rf "$helm_dir/bin"; mv "$WORK/helm/bin" "$helm_dir/bin"
 }
 

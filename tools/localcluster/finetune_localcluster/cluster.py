@@ -15,15 +15,16 @@ Design notes:
 - Every process is started in its own session and recorded (pid and argv[0]) in
   `<workdir>/cluster.json`, so `down` (even from another process, e.g. the CLI) stops exactly
   those pids: SIGTERM, then SIGKILL after a bounded wait, after checking that the pid still
-  runs the same binary. Unless `detach=True`, children also get PR_SET_PDEATHSIG so a killed
-  test run does not leave an apiserver behind.
+  runs the same binary. Unless `detach=True`, children are started through
+  `setpriv --pdeathsig=KILL` so a killed test run does not leave an apiserver behind (KILL,
+  not TERM: a gracefully stopping apiserver whose etcd died with it waits a long time). The
+  death signal follows the *thread* that called `up()`: call it from a long-lived thread.
 - Every wait is bounded; a startup failure raises `ClusterError` with the tail of the failing
   component's log, after stopping whatever was already started.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -37,7 +38,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import requests
 import yaml
@@ -52,6 +53,12 @@ KWOK_POD_CIDR = "127.1.0.0/16"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 PROCESS_NODE_LABEL = "finetune.dev/process-node"
 PROCESS_NODE_TAINT = {"key": PROCESS_NODE_LABEL, "value": "true", "effect": "NoSchedule"}
+# Pod spec fields that put a pod on a process node (merge into a pod spec or template spec).
+PROCESS_NODE_PLACEMENT: Obj = {
+    "nodeSelector": {PROCESS_NODE_LABEL: "true"},
+    "tolerations": [{"key": PROCESS_NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+}
+KWOK_NODE_SELECTOR = {"type": "kwok"}
 KWOK_STAGE_FILES = [
     "node/fast/node-initialize.yaml",
     "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
@@ -73,8 +80,10 @@ def free_port() -> int:
         return port
 
 
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def with_parent_death_signal(argv: list[str], sig: str = "KILL") -> list[str]:
+    """Prefix argv so the process gets `sig` when the thread that started it dies."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, f"--pdeathsig={sig}", *argv] if setpriv else argv
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -125,6 +134,7 @@ class LocalCluster:
     def __init__(
         self,
         workdir: Path | str | None = None,
+        *,
         gpu_nodes: int = 2,
         process_nodes: int = 0,
         gpus_per_node: int = 8,
@@ -172,7 +182,7 @@ class LocalCluster:
         path = os.pathsep.join([str(bins.kube_bin), str(bins.helm.parent), os.environ.get("PATH", "")])
         return {"KUBECONFIG": str(self.kubeconfig), "PATH": path}
 
-    def up(self) -> LocalCluster:
+    def up(self) -> Self:
         try:
             self._up()
         except BaseException:
@@ -200,7 +210,7 @@ class LocalCluster:
         cluster.gpu_nodes, cluster.process_nodes = state["gpu_nodes"], state["process_nodes"]
         return cluster
 
-    def __enter__(self) -> LocalCluster:
+    def __enter__(self) -> Self:
         return self.up()
 
     def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
@@ -322,8 +332,9 @@ class LocalCluster:
         log = self.workdir / "logs" / f"{name}.log"
         with open(log, "ab") as out:
             popen = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir,
-                start_new_session=True, preexec_fn=None if self.detach else _die_with_parent,
+                argv if self.detach else with_parent_death_signal(argv),
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir,
+                start_new_session=True,
             )
         self._popens[popen.pid] = popen
         proc = {"name": name, "pid": popen.pid, "argv0": argv[0], "log": str(log)}
@@ -338,7 +349,7 @@ class LocalCluster:
         def gone() -> bool:
             if popen is not None:
                 return popen.poll() is not None
-            return _cmdline0(pid) != proc["argv0"]
+            return _cmdline0(pid) != str(proc["argv0"])
 
         if gone():
             return
@@ -361,11 +372,11 @@ class LocalCluster:
                 raise ClusterError(f"{proc['name']} exited while waiting for {what}; log tail:\n"
                                    f"{_tail(Path(proc['log']))}")
             try:
-                if check():
+                if check() is True:
                     return
             except ClusterError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - not up yet, keep polling
+            except Exception as exc:
                 last = f"{type(exc).__name__}: {exc}"
             time.sleep(0.25)
         tail = f"; {proc['name']} log tail:\n{_tail(Path(proc['log']))}" if proc else ""

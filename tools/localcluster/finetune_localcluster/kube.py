@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import base64
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
 import yaml
 
 Obj = dict[str, Any]
+T = TypeVar("T")
 
 
 class KubeError(RuntimeError):
@@ -57,16 +60,19 @@ class Kube:
         method: str,
         path: str,
         body: Any = None,
+        *,
         params: dict[str, Any] | None = None,
         content_type: str = "application/json",
         timeout: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Obj:
+        """One request; `headers` adds e.g. `Impersonate-User` (the admin may impersonate)."""
         resp = self.session.request(
             method,
             self.server + path,
             json=body,
             params=params,
-            headers={"Content-Type": content_type, "Accept": "application/json"},
+            headers={"Content-Type": content_type, "Accept": "application/json", **(headers or {})},
             timeout=timeout or self.timeout,
         )
         if resp.status_code >= 400:
@@ -107,3 +113,22 @@ class Kube:
     def close(self) -> None:
         self.session.close()
         self._tmp.cleanup()
+
+
+def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2) -> T:
+    """Poll `check` until it returns something other than None/False; bounded by `timeout`.
+
+    Returns that value, or raises TimeoutError naming `what` and the last exception seen.
+    """
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        try:
+            value = check()
+            if value is not None and value is not False:
+                return value
+        except (KubeError, requests.RequestException) as exc:
+            last = f" (last error: {exc})"
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{last}")
+        time.sleep(interval)

@@ -1,0 +1,99 @@
+"""The one kubelet endpoint a process node serves: container logs, so `kubectl logs` works.
+
+Why: when a real trainer rank fails on a process node, the first thing anyone types is
+`kubectl logs`. The apiserver proxies that to `https://<node InternalIP>:<kubeletEndpoint
+port>/containerLogs/<ns>/<pod>/<container>`; it does not verify the kubelet's certificate
+unless `--kubelet-certificate-authority` is set (the local cluster does not set it), so a
+self-signed certificate on 127.0.0.1 is enough. Logs are the files the agent writes, one
+per container, appended across restarts (`previous=true` is answered with the same file).
+`follow=true` streams until the client goes away or `FOLLOW_LIMIT_S` passes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ssl
+import tempfile
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+FOLLOW_LIMIT_S = 3600.0
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "process-node")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=7)).sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "kubelet.crt", directory / "kubelet.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def find_log(pods_dir: Path, ns: str, pod: str, container: str) -> Path | None:
+    """The newest log of that container (pod dirs are `<ns>_<pod>_<uid>`)."""
+    logs = [d / f"{container}.log" for d in pods_dir.glob(f"{ns}_{pod}_*") if (d / f"{container}.log").exists()]
+    return max(logs, key=lambda p: p.stat().st_mtime, default=None)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    pods_dir: Path
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+    def do_GET(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        parts = url.path.strip("/").split("/")
+        query = urllib.parse.parse_qs(url.query)
+        log = find_log(self.pods_dir, *parts[1:4]) if len(parts) == 4 and parts[0] == "containerLogs" else None
+        if log is None:
+            self.send_error(404, "no such container log")
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.end_headers()
+        data = log.read_bytes()
+        if "tailLines" in query:
+            data = b"".join(data.splitlines(keepends=True)[-int(query["tailLines"][0]):])
+        self.wfile.write(data)
+        if query.get("follow", ["false"])[0] != "true":
+            return
+        offset, deadline = log.stat().st_size, time.monotonic() + FOLLOW_LIMIT_S
+        while time.monotonic() < deadline:
+            with open(log, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            if chunk:
+                offset += len(chunk)
+                try:
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+                except OSError:
+                    return
+            time.sleep(0.3)
+
+
+def serve_logs(pods_dir: Path) -> tuple[ThreadingHTTPServer, int]:
+    """Start the log server on 127.0.0.1 (free port) in a daemon thread; returns it and its port."""
+    handler = type("Handler", (_Handler,), {"pods_dir": pods_dir})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with tempfile.TemporaryDirectory(prefix="ftjob-kubelet-") as tmp:
+        context.load_cert_chain(*_self_signed(Path(tmp)))
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, name="kubelet-api", daemon=True).start()
+    return server, int(server.server_address[1])
