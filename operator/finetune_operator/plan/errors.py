@@ -1,0 +1,44 @@
+"""Why planning can fail, as exception types the operator maps onto conditions.
+
+The operator turns `InvalidModelError` subclasses into `Failed/InvalidSpec` and
+`DoesNotFitError` into `Failed/DoesNotFit`; `condition_reason` carries that mapping so
+callers never have to pattern-match on messages.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .planner import PlanResult
+
+
+class PlanningError(ValueError):
+    """Base of every planner failure; the message is meant for the user, as is."""
+
+    condition_reason = "InvalidSpec"
+
+
+class InvalidModelError(PlanningError):
+    """The model's architecture cannot be determined or is not supported."""
+
+
+class UnknownArchitectureError(InvalidModelError):
+    """The model is neither in the catalogue nor a family the planner can count."""
+
+
+class ModelConfigNotFoundError(InvalidModelError):
+    """A local model directory (or file) without a readable config.json."""
+
+
+class DoesNotFitError(PlanningError):
+    """No candidate strategy fits in GPU (and host) memory; says what would."""
+
+    condition_reason = "DoesNotFit"
+
+    def __init__(self, message: str, suggestions: list[str], result: PlanResult | None = None) -> None:
+        lines = [message] + [f"  - {s}" for s in suggestions]
+        super().__init__("\n".join(lines))
+        self.headline = message
+        self.suggestions = suggestions
+        self.result = result

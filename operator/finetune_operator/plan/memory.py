@@ -1,0 +1,215 @@
+"""Analytical bytes per GPU (and per host) of one strategy, term by term.
+
+Terms use DeepSpeed's own accounting so that, for full fine-tuning, the model states
+agree with `estimate_zero2/3_model_states_mem_needs`: with T trainable and F frozen
+parameters, e bytes per 16-bit value and G ranks,
+
+- weights: the frozen base, `F·e` (QLoRA: NF4 for the quantisable linears), `/G` at ZeRO-3;
+- trainableWeights: the 16-bit copy of what trains, `T·e`, `/G` at ZeRO-3;
+- gradients: the 16-bit gradients and the fp32 copy the optimizer steps on. Stage 0-1 keep
+  the 16-bit gradients whole; stage 2 keeps 16-bit and fp32 partitions, `(e+4)·T/G`; stage 3
+  holds a 16-bit partition during backward and an fp32 one during the step, counted as
+  `4·T/G` (the backward and step peaks never coincide, and activations dwarf the
+  difference). Optimizer offload moves them to the host.
+- optimizerStates: fp32 master weights and Adam's two moments, `12·T`, `/G` from stage 1,
+  on the host with optimizer offload (fp32 training has no separate master copy);
+- buffers: reduce and all-gather buckets (stage 1-2), or at stage 3 the largest layer
+  gathered whole with its gradient, the prefetch and reduce buckets and the small
+  parameters that stay unpartitioned;
+- activations and logits: `activations.py`; overhead: CUDA context and workspaces.
+
+Parameter offload (stage 3) moves the weight terms to the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .activations import activation_bytes
+from .param_count import is_adapted, lora_rank
+from .workload import HOST_BASELINE_PER_RANK, Workload
+
+BREAKDOWN_KEYS = (
+    "weights",
+    "trainable_weights",
+    "gradients",
+    "optimizer_states",
+    "activations",
+    "logits",
+    "buffers",
+    "overhead",
+)
+"""The snake_case names of `api.status.MemoryBreakdown`'s fields, in display order."""
+MODEL_STATE_KEYS = BREAKDOWN_KEYS[:4]
+ADAM_BYTES = 8
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True, order=True)
+class Strategy:
+    """One way to run the job: what DeepSpeed shards or offloads, and the batch shape."""
+
+    zero_stage: int
+    offload_optimizer: str
+    offload_params: str
+    gradient_checkpointing: bool
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+
+    def label(self) -> str:
+        offload = [f"opt→{self.offload_optimizer}" for _ in [0] if self.offload_optimizer != "none"]
+        offload += [f"params→{self.offload_params}" for _ in [0] if self.offload_params != "none"]
+        return " ".join(
+            [f"ZeRO-{self.zero_stage}", *offload, f"mb={self.micro_batch_size}×{self.gradient_accumulation_steps}"]
+            + (["ckpt"] if self.gradient_checkpointing else [])
+        )
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-GPU bytes by term, the host bytes each node needs, and NVMe use."""
+
+    breakdown: dict[str, int]
+    host_bytes_per_node: int
+    nvme_bytes_per_node: int
+    host_model_state_bytes_per_rank: int
+
+    @property
+    def per_gpu_bytes(self) -> int:
+        return sum(self.breakdown.values())
+
+    @property
+    def model_state_bytes(self) -> int:
+        return sum(self.breakdown[key] for key in MODEL_STATE_KEYS)
+
+
+def frozen_weight_bytes(workload: Workload) -> int:
+    """The frozen base in its storage format (NF4 for QLoRA's quantisable linears)."""
+    counts = workload.counts
+    if workload.method == "full":
+        return 0
+    if workload.method == "qlora":
+        quantized = int(counts.quantizable * workload.quantized_bytes_per_param)
+        return quantized + (counts.frozen - counts.quantizable) * workload.param_bytes
+    return counts.frozen * workload.param_bytes
+
+
+def persistent_adapter_params(workload: Workload) -> int:
+    """LoRA matrices below ZeRO-3's persistence threshold: kept whole on every rank, not sharded."""
+    if workload.method == "full":
+        return 0
+    threshold, out = workload.buffers.persistence_threshold, 0
+    for group in workload.shape.groups:
+        if not is_adapted(group, workload.target_modules):
+            continue
+        rank = lora_rank(group, workload.lora_r)
+        for side in (group.in_features, group.out_features):
+            matrix = group.experts * rank * side
+            out += group.copies * matrix if matrix < threshold else 0
+    return out
+
+
+def _gradient_bytes(workload: Workload, stage: int, offloaded: bool) -> float:
+    trainable, world, e = workload.counts.trainable, workload.world_size, workload.param_bytes
+    fp32_copy = FP32_BYTES if workload.mixed_precision else 0
+    if stage == 0:
+        return trainable * (e + fp32_copy)
+    if stage == 1:
+        return trainable * e + (0 if offloaded else trainable * fp32_copy / world)
+    if offloaded:
+        return 0.0
+    if stage == 2:
+        return trainable * (e + fp32_copy) / world
+    return trainable * max(e, fp32_copy) / world
+
+
+def _buffer_bytes(workload: Workload, stage: int) -> float:
+    e, buffers, trainable = workload.param_bytes, workload.buffers, workload.counts.trainable
+    if stage in (1, 2):
+        return e * min(buffers.reduce_bucket, trainable) + e * min(buffers.allgather_bucket, trainable)
+    if stage == 3:
+        shape = workload.shape
+        unpartitioned = sum(g.params for g in shape.groups if g.params_each < buffers.persistence_threshold)
+        gathered_layer = 2 * e * workload.counts.largest_layer
+        return (
+            gathered_layer + e * (buffers.prefetch_bucket + min(buffers.reduce_bucket, trainable)) + e * unpartitioned
+        )
+    return 0.0
+
+
+def estimate_memory(workload: Workload, strategy: Strategy, activation_override: int | None = None) -> MemoryEstimate:
+    """Per-GPU bytes of `strategy` for `workload`, by term; `activation_override` replaces the
+    analytical activations+logits peak (traced planning)."""
+    stage, world = strategy.zero_stage, workload.world_size
+    counts, e = workload.counts, workload.param_bytes
+    opt_offloaded = strategy.offload_optimizer != "none"
+    params_offloaded = strategy.offload_params != "none"
+    param_shard = world if stage == 3 else 1
+    optimizer_shard = world if stage >= 1 else 1
+
+    frozen = frozen_weight_bytes(workload) / param_shard
+    persistent = persistent_adapter_params(workload) if stage == 3 else 0
+    trainable16 = (counts.trainable - persistent) * e / param_shard + persistent * e
+    master = FP32_BYTES * counts.trainable if workload.mixed_precision else 0
+    optimizer = (master + ADAM_BYTES * counts.trainable) / optimizer_shard
+    gradients = _gradient_bytes(workload, stage, opt_offloaded)
+
+    act = activation_bytes(workload, strategy.micro_batch_size, strategy.gradient_checkpointing)
+    activations, logits = act.activations, act.logits
+    if activation_override is not None:
+        activations = max(0, activation_override - logits)
+
+    host_states = 0.0
+    if opt_offloaded:
+        host_states += optimizer + counts.trainable * (FP32_BYTES + (e if stage == 3 else 0)) / optimizer_shard
+        optimizer = 0.0
+    if params_offloaded:
+        host_states += frozen + trainable16
+        frozen = trainable16 = 0.0
+    nvme_per_rank = 0.0
+    host_per_rank = HOST_BASELINE_PER_RANK + host_states
+    if strategy.offload_optimizer == "nvme":
+        nvme_per_rank = host_states
+        staging = 2 * FP32_BYTES * min(workload.buffers.sub_group_size, counts.trainable / optimizer_shard)
+        host_per_rank = HOST_BASELINE_PER_RANK + min(host_states, staging)
+
+    breakdown = {
+        "weights": int(frozen),
+        "trainable_weights": int(trainable16),
+        "gradients": int(gradients),
+        "optimizer_states": int(optimizer),
+        "activations": int(activations),
+        "logits": int(logits),
+        "buffers": int(_buffer_bytes(workload, stage)),
+        "overhead": int(workload.overhead_bytes),
+    }
+    return MemoryEstimate(
+        breakdown=breakdown,
+        host_bytes_per_node=int(host_per_rank * workload.ranks_per_node),
+        nvme_bytes_per_node=int(nvme_per_rank * workload.ranks_per_node),
+        host_model_state_bytes_per_rank=int(host_states),
+    )
+
+
+def resident_model_state_bytes(workload: Workload, strategy: Strategy) -> int:
+    """What an engine keeps between steps, per rank, on the GPU and the host together.
+
+    16-bit parameters (at ZeRO-3 a shard, small LoRA matrices whole), the gradient buffers
+    DeepSpeed keeps allocated (the 16-bit shard at stage 3, an fp32 shard next to an
+    offloaded optimizer), fp32 master weights and Adam moments. Gradients that
+    live only between backward and step are not included. `benchmarks/planner_real_engines.py`
+    compares this with the tensors real engines hold.
+    """
+    counts, e, world, stage = workload.counts, workload.param_bytes, workload.world_size, strategy.zero_stage
+    param_shard = world if stage == 3 else 1
+    persistent = persistent_adapter_params(workload) if stage == 3 else 0
+    params = (frozen_weight_bytes(workload) + (counts.trainable - persistent) * e) / param_shard + persistent * e
+    fp32_grads = FP32_BYTES * counts.trainable if workload.mixed_precision else 0
+    offloaded = strategy.offload_optimizer != "none"
+    if stage < 3:
+        grads = fp32_grads / world if offloaded else 0.0
+    else:
+        grads = (counts.trainable * e + (FP32_BYTES * counts.trainable if offloaded else 0)) / world
+    master = FP32_BYTES * counts.trainable if workload.mixed_precision else 0
+    states = (master + ADAM_BYTES * counts.trainable) / (world if stage >= 1 else 1)
+    return int(params + grads + states)

@@ -1,0 +1,251 @@
+"""The planner's entry points: evaluate every allowed strategy, choose, and explain.
+
+`plan_job` returns a `PlanResult` (chosen candidate, every candidate with its verdict,
+JSON for `ftjob plan --json`); `choose_plan` is what the operator and `ftjob run` call
+and returns the `PlanStatus` that goes into `status.plan`. The choice follows the design
+rule: the least sharding and offload that fits with a margin (ZeRO-3 only when no
+ZeRO-0/1/2 strategy fits; offload only when no GPU-only strategy fits), and the
+fastest candidate of that tier by the step-time model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api.spec import FineTuneJobSpec
+from ..api.status import MemoryBreakdown, PlanStatus, RejectedCandidate
+from .candidates import Candidate, Pins, evaluate_all, pick
+from .errors import DoesNotFitError
+from .memory import BREAKDOWN_KEYS, Strategy
+from .workload import DEFAULT_FIT_MARGIN, GIB, Workload, workload_from_spec
+
+MAX_REJECTED_IN_STATUS = 16
+
+
+def gib(value: float) -> str:
+    return f"{value / GIB:.1f} GiB"
+
+
+def _camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def candidate_json(candidate: Candidate, with_verdict: bool) -> dict[str, Any]:
+    """A candidate in the `ftjob plan --json` form."""
+    s = candidate.strategy
+    out: dict[str, Any] = {
+        "zeroStage": s.zero_stage,
+        "offloadOptimizer": s.offload_optimizer,
+        "offloadParams": s.offload_params,
+        "gradientCheckpointing": s.gradient_checkpointing,
+        "microBatchSize": s.micro_batch_size,
+        "gradientAccumulationSteps": s.gradient_accumulation_steps,
+        "perGpuBytes": candidate.per_gpu_bytes,
+        "breakdown": {_camel(key): candidate.memory.breakdown[key] for key in BREAKDOWN_KEYS},
+        "hostBytesPerNode": candidate.memory.host_bytes_per_node,
+        "estimatedStepSeconds": round(candidate.step.seconds, 4),
+    }
+    if with_verdict:
+        out["fits"] = candidate.fits
+        out["reason"] = candidate.reason
+    return out
+
+
+@dataclass
+class PlanResult:
+    """Every candidate with its verdict, and the chosen one (None when nothing fits)."""
+
+    workload: Workload
+    gpu_memory_bytes: int
+    gpu_budget_bytes: int
+    candidates: list[Candidate]
+    chosen: Candidate | None
+    verdict: str
+    traced: bool = False
+    suggestions: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "chosen": candidate_json(self.chosen, with_verdict=False) if self.chosen else None,
+            "candidates": [candidate_json(c, with_verdict=True) for c in self.candidates],
+            "gpuMemoryBytes": self.gpu_memory_bytes,
+        }
+
+    def to_status(self, candidate: Candidate | None = None) -> PlanStatus:
+        """The `status.plan` of the chosen (or the given) candidate."""
+        chosen = candidate or self.chosen
+        if chosen is None:
+            raise DoesNotFitError(self.verdict, self.suggestions, self)
+        return status_of(chosen, self.gpu_memory_bytes, self.verdict, rejected_alternatives(self.candidates, chosen))
+
+
+def status_of(
+    candidate: Candidate, gpu_memory_bytes: int, reason: str, rejected: list[RejectedCandidate]
+) -> PlanStatus:
+    s = candidate.strategy
+    return PlanStatus(
+        zero_stage=s.zero_stage,
+        offload_optimizer=s.offload_optimizer,
+        offload_params=s.offload_params,
+        gradient_checkpointing=s.gradient_checkpointing,
+        micro_batch_size=s.micro_batch_size,
+        gradient_accumulation_steps=s.gradient_accumulation_steps,
+        per_gpu_bytes=candidate.per_gpu_bytes,
+        gpu_memory_bytes=gpu_memory_bytes,
+        host_bytes_per_node=candidate.memory.host_bytes_per_node,
+        estimated_step_seconds=round(candidate.step.seconds, 4),
+        breakdown=MemoryBreakdown(**candidate.memory.breakdown),
+        reason=reason[:2048],
+        rejected=rejected,
+        candidate_index=candidate.index,
+    )
+
+
+def rejected_alternatives(candidates: list[Candidate], chosen: Candidate) -> list[RejectedCandidate]:
+    """The best candidate of each other sharding/offload strategy, with why it lost."""
+    best: dict[tuple[int, str, str], Candidate] = {}
+    for c in candidates:
+        key = (c.strategy.zero_stage, c.strategy.offload_optimizer, c.strategy.offload_params)
+        if c is chosen:
+            continue
+        held = best.get(key)
+        rank = (not c.fits, c.step.seconds if c.fits else c.per_gpu_bytes)
+        if held is None or rank < (not held.fits, held.step.seconds if held.fits else held.per_gpu_bytes):
+            best[key] = c
+    ordered = sorted(best.values(), key=lambda c: (c.tier, c.strategy.zero_stage))
+    return [
+        RejectedCandidate(summary=c.strategy.label()[:256], reason=c.reason[:1024])
+        for c in ordered[:MAX_REJECTED_IN_STATUS]
+    ]
+
+
+def explain(
+    candidates: list[Candidate], chosen: Candidate | None, budget: float, host_limit: int | None
+) -> list[Candidate]:
+    """Attach a reason to every candidate: why it was chosen, or why not."""
+    from dataclasses import replace
+
+    out = []
+    for c in candidates:
+        if not c.fits_gpu:
+            reason = f"does not fit by {gib(c.per_gpu_bytes - budget)} per GPU ({gib(c.per_gpu_bytes)} > {gib(budget)})"
+        elif not c.fits_host:
+            reason = (
+                f"host memory: needs {gib(c.memory.host_bytes_per_node)} per node, "
+                f"resources.memory is {gib(host_limit or 0)}"
+            )
+        elif chosen is None:
+            reason = "fits"
+        elif c is chosen:
+            reason = "chosen: the least sharding and offload that fits, and the fastest such candidate"
+        else:
+            slower = (c.step.seconds / chosen.step.seconds - 1) * 100
+            speed = f"slower by {slower:.0f}%" if slower >= 0 else f"{-slower:.0f}% faster"
+            if c.tier > chosen.tier:
+                reason = f"fits, but shards or offloads more than needed ({speed})"
+            else:
+                reason = f"fits, {speed}"
+        out.append(replace(c, reason=reason))
+    return out
+
+
+def _verdict(chosen: Candidate | None, workload: Workload, gpu_memory: int, budget: float) -> str:
+    where = f"{workload.world_size} GPU{'s' if workload.world_size > 1 else ''} of {gib(gpu_memory)}"
+    if chosen is None:
+        return (
+            f"nothing fits: {workload.source.name} ({workload.method}, seq {workload.seq_len}) on {where} "
+            f"(usable {gib(budget)} each)"
+        )
+    s = chosen.strategy
+    return (
+        f"{s.label()} fits: {gib(chosen.per_gpu_bytes)} of {gib(budget)} usable per GPU on {where}, "
+        f"~{chosen.step.seconds:.2f} s/step"
+    )
+
+
+def plan_workload(
+    workload: Workload,
+    pins: Pins,
+    gpu_memory_bytes: int,
+    margin: float = DEFAULT_FIT_MARGIN,
+    activation_override: dict[bool, int] | None = None,
+) -> PlanResult:
+    """Evaluate, choose and explain, for an already resolved workload."""
+    budget = int(gpu_memory_bytes * margin)
+    candidates = evaluate_all(workload, pins, budget, activation_override)
+    chosen = pick(candidates)
+    candidates = explain(candidates, chosen, budget, workload.host_memory_bytes)
+    chosen = candidates[chosen.index] if chosen is not None else None
+    return PlanResult(
+        workload=workload,
+        gpu_memory_bytes=gpu_memory_bytes,
+        gpu_budget_bytes=budget,
+        candidates=candidates,
+        chosen=chosen,
+        verdict=_verdict(chosen, workload, gpu_memory_bytes, budget),
+        traced=activation_override is not None,
+    )
+
+
+def traced_activations(spec: FineTuneJobSpec, workload: Workload) -> dict[bool, int]:
+    """The traced activation+logits peak of one sequence, with and without checkpointing."""
+    import torch
+
+    from .traced import trace_training_step
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(spec.training.precision), torch.float32)
+    lora_r = None if workload.method == "full" else workload.lora_r
+    return {
+        ckpt: trace_training_step(
+            workload.source.config,
+            1,
+            workload.seq_len,
+            lora_r=lora_r,
+            target_modules=workload.target_modules,
+            lora_dropout=workload.lora_dropout,
+            gradient_checkpointing=ckpt,
+            dtype=dtype,
+        ).activation_peak_bytes
+        for ckpt in (False, True)
+    }
+
+
+def plan_job(
+    spec: FineTuneJobSpec,
+    gpu_memory_bytes: int | None = None,
+    traced: bool = False,
+    margin: float = DEFAULT_FIT_MARGIN,
+    require_fit: bool = True,
+) -> PlanResult:
+    """Plan a job. Raises `DoesNotFitError` (with what would fit) when nothing fits and
+    `require_fit` is true, `InvalidModelError` for an unknown or unreadable model."""
+    from .advice import what_would_fit
+
+    workload = workload_from_spec(spec)
+    memory = gpu_memory_bytes if gpu_memory_bytes is not None else spec.resources.gpu_memory_bytes
+    override = traced_activations(spec, workload) if traced else None
+    pins = Pins.from_spec(spec)
+    result = plan_workload(workload, pins, memory, margin, override)
+    if result.chosen is None:
+        result.suggestions = what_would_fit(workload, pins, memory, margin, result)
+        if require_fit:
+            raise DoesNotFitError(result.verdict, result.suggestions, result)
+    return result
+
+
+def choose_plan(spec: FineTuneJobSpec) -> PlanStatus:
+    """The plan the operator and `ftjob run` use: the chosen candidate as `status.plan`."""
+    return plan_job(spec).to_status()
+
+
+def strategy_of(status: PlanStatus) -> Strategy:
+    return Strategy(
+        status.zero_stage,
+        status.offload_optimizer,
+        status.offload_params,
+        status.gradient_checkpointing,
+        status.micro_batch_size,
+        status.gradient_accumulation_steps,
+    )

@@ -1,0 +1,154 @@
+"""Measure a training step's activation peak by running it on fake tensors.
+
+The analytical activation term is a model of what autograd saves; this module asks
+autograd itself. The job's architecture is built on the meta device, peft is applied,
+every parameter becomes a `FakeTensor` (shape and dtype, no data), and one forward and
+backward pass runs under a `TorchDispatchMode` that adds up the bytes of live storages
+(views share a storage, so storages are counted, not tensors) and keeps the peak. It
+costs seconds on a CPU and no memory, and is used with `ftjob plan --traced` and to
+calibrate `activations.py`. Imported lazily: it needs torch, transformers and peft.
+
+The CPU trace runs PyTorch's CPU flash-attention kernel, which, like the GPU flash
+kernel, saves only q, k, v, the output and a log-sum-exp per row, so the number
+carries over to GPUs running flash or memory-efficient attention.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from .meta_count import apply_lora, build_meta_model
+
+
+@dataclass(frozen=True)
+class TracedStep:
+    """Bytes of storages created during one step, beyond the parameters themselves.
+
+    `trainable_grad_bytes` is the size of the gradients the step produced (each one was
+    dropped as soon as it was complete, so they never add up inside the peak).
+    """
+
+    peak_bytes: int
+    trainable_grad_bytes: int
+    seconds: float
+
+    @property
+    def activation_peak_bytes(self) -> int:
+        """The peak; gradients are handed over as soon as they are complete, so it is activations,
+        logits and the transient gradients of the layer being back-propagated."""
+        return self.peak_bytes
+
+
+class LiveStorageBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Counts the bytes of every storage an op creates until that storage is freed."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.live = 0
+        self.peak = 0
+        self._tracked: set[int] = set()
+        self._ignored: set[int] = set()
+
+    def ignore(self, tensors: Any) -> None:
+        """Storages that existed before the step (parameters, buffers): never counted."""
+        for tensor in tensors:
+            self._ignored.add(tensor.untyped_storage()._cdata)
+
+    def _release(self, key: int, nbytes: int) -> None:
+        self._tracked.discard(key)
+        self.live -= nbytes
+
+    def _track(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key in self._tracked or key in self._ignored:
+            return
+        nbytes = storage.nbytes()
+        self._tracked.add(key)
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._release, key, nbytes)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        output = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(output):
+            if isinstance(leaf, torch.Tensor):
+                self._track(leaf)
+        return output
+
+
+def _fake_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Replace meta parameters and buffers with fake CPU tensors created in their final dtype."""
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            target = dtype if param.is_floating_point() else param.dtype
+            module._parameters[name] = torch.nn.Parameter(
+                torch.empty(param.shape, dtype=target), requires_grad=param.requires_grad
+            )
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None:
+                module._buffers[name] = torch.empty(buffer.shape, dtype=buffer.dtype)
+
+
+def trace_training_step(
+    config: dict[str, Any],
+    micro_batch: int,
+    seq_len: int,
+    *,
+    lora_r: int | None,
+    target_modules: Sequence[str] = ("all-linear",),
+    lora_dropout: float = 0.05,
+    gradient_checkpointing: bool = False,
+    dtype: torch.dtype = torch.bfloat16,
+) -> TracedStep:
+    """One forward + backward of the job's model under fake tensors; the peak of new storages."""
+    import time
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    started = time.perf_counter()
+    model: Any = build_meta_model(config, dtype=dtype)
+    if lora_r is not None:
+        model = apply_lora(model, lora_r, target_modules, dropout=lora_dropout)
+    model.train()
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        _fake_parameters(model, dtype)
+        tokens = torch.zeros((micro_batch, seq_len), dtype=torch.long)
+        mask = torch.ones((micro_batch, seq_len), dtype=torch.long)
+        counter = LiveStorageBytes()
+        counter.ignore([*model.parameters(), *model.buffers()])
+        grad_bytes = _hand_gradients_over(model)
+        with counter:
+            loss = model(input_ids=tokens, attention_mask=mask, labels=tokens, use_cache=False).loss
+            loss.backward()
+    return TracedStep(counter.peak, sum(grad_bytes.values()), time.perf_counter() - started)
+
+
+def _hand_gradients_over(model: torch.nn.Module) -> dict[int, int]:
+    """Drop each gradient once it is complete, as DeepSpeed does when it copies it to a bucket.
+
+    Without this, a full fine-tuning trace would end with every gradient alive at once and
+    its peak would measure gradients, which the model-state terms already count.
+    """
+    seen: dict[int, int] = {}
+
+    def hand_over(param: torch.Tensor) -> None:
+        if param.grad is not None:
+            seen[id(param)] = param.grad.untyped_storage().nbytes()
+            param.grad = None
+
+    for param in model.parameters():
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(hand_over)  # type: ignore[no-untyped-call]
+    return seen

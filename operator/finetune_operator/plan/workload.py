@@ -1,0 +1,139 @@
+"""Everything about a job that memory depends on, gathered once from its spec.
+
+A `Workload` is the planner's view of a FineTuneJob: the architecture and parameter
+counts, the method, precision, sequence length, batch, the GPU layout and the DeepSpeed
+bucket sizes the rendered config will use. The estimators take a workload and a
+strategy and never look at the spec again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..api.base import quantity_bytes
+from ..api.spec import FineTuneJobSpec
+from .model_source import ModelSource, resolve_model
+from .param_count import ArchitectureShape, ParameterCounts, architecture_shape, count_parameters
+
+GIB = 2**30
+RUNTIME_OVERHEAD_BYTES = 1 * GIB
+"""CUDA context, cuBLAS and NCCL workspaces per GPU."""
+DEFAULT_FIT_MARGIN = 0.90
+"""Plan to this fraction of the card: the allocator's fragmentation needs the rest."""
+HOST_BASELINE_PER_RANK = 3 * GIB
+"""A rank's host footprint before offload: interpreter, libraries, data loader, pinned staging."""
+NF4_DOUBLE_QUANT_BYTES = (4 + 8 / 64 + 32 / (64 * 256)) / 8
+NF4_PLAIN_BYTES = 4.5 / 8
+DEFAULT_SUB_GROUP_SIZE = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class DeepSpeedBuffers:
+    """Element counts of DeepSpeed's communication buffers, as the rendered config sets them."""
+
+    reduce_bucket: int
+    allgather_bucket: int
+    prefetch_bucket: int
+    persistence_threshold: int
+    sub_group_size: int
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A job as the estimators see it."""
+
+    source: ModelSource
+    shape: ArchitectureShape
+    counts: ParameterCounts
+    method: str
+    lora_r: int
+    target_modules: tuple[str, ...]
+    lora_dropout: float
+    param_bytes: int
+    mixed_precision: bool
+    seq_len: int
+    global_batch: int
+    num_nodes: int
+    ranks_per_node: int
+    quantized_bytes_per_param: float
+    buffers: DeepSpeedBuffers
+    overhead_bytes: int = RUNTIME_OVERHEAD_BYTES
+    host_memory_bytes: int | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.ranks_per_node
+
+    @property
+    def per_rank_batch(self) -> int:
+        return max(1, self.global_batch // self.world_size)
+
+    def with_world(self, num_nodes: int, ranks_per_node: int) -> Workload:
+        return replace(self, num_nodes=num_nodes, ranks_per_node=ranks_per_node)
+
+    def with_seq_len(self, seq_len: int) -> Workload:
+        return replace(self, seq_len=seq_len)
+
+    def with_method(self, method: str) -> Workload:
+        """The same job fine-tuned another way (lora, qlora or full)."""
+        lora_r = None if method == "full" else self.lora_r
+        counts = count_parameters(self.shape, lora_r, self.target_modules)
+        dropout = 0.0 if method == "full" else (self.lora_dropout or 0.05)
+        return replace(self, method=method, counts=counts, lora_dropout=dropout)
+
+
+RENDERED_BUCKET_DEFAULTS = {
+    "zero_optimization.reduce_bucket_size": 5e7,
+    "zero_optimization.allgather_bucket_size": 5e7,
+    "zero_optimization.stage3_prefetch_bucket_size": 5e7,
+    "zero_optimization.stage3_param_persistence_threshold": 1e5,
+    "zero_optimization.sub_group_size": float(DEFAULT_SUB_GROUP_SIZE),
+}
+"""The bucket sizes `render/deepspeed_config.py` writes (plan must not import render)."""
+
+
+def _buffers(spec: FineTuneJobSpec) -> DeepSpeedBuffers:
+    """Bucket sizes of the rendered config, with the user's dotted overrides applied."""
+    overrides = spec.deepspeed.overrides or {}
+
+    def size(key: str) -> int:
+        value = overrides.get(key, RENDERED_BUCKET_DEFAULTS[key])
+        return int(float(value)) if not isinstance(value, bool) else int(RENDERED_BUCKET_DEFAULTS[key])
+
+    return DeepSpeedBuffers(
+        reduce_bucket=size("zero_optimization.reduce_bucket_size"),
+        allgather_bucket=size("zero_optimization.allgather_bucket_size"),
+        prefetch_bucket=size("zero_optimization.stage3_prefetch_bucket_size"),
+        persistence_threshold=size("zero_optimization.stage3_param_persistence_threshold"),
+        sub_group_size=size("zero_optimization.sub_group_size"),
+    )
+
+
+def workload_from_spec(spec: FineTuneJobSpec) -> Workload:
+    """Resolve the model, count its parameters under the job's method and collect the rest."""
+    source = resolve_model(spec.model)
+    shape = architecture_shape(source.config)
+    method = str(spec.method.type)
+    lora = spec.method.lora_or_default
+    counts = count_parameters(shape, None if method == "full" else lora.r, lora.target_modules)
+    precision = str(spec.training.precision)
+    double_quant = spec.method.qlora_or_default.double_quant
+    resources = spec.resources
+    return Workload(
+        source=source,
+        shape=shape,
+        counts=counts,
+        method=method,
+        lora_r=lora.r,
+        target_modules=tuple(lora.target_modules),
+        lora_dropout=lora.dropout if method != "full" else 0.0,
+        param_bytes=4 if precision == "fp32" else 2,
+        mixed_precision=precision != "fp32",
+        seq_len=spec.dataset.max_seq_length,
+        global_batch=spec.training.global_batch_size,
+        num_nodes=resources.num_nodes,
+        ranks_per_node=resources.ranks_per_node,
+        quantized_bytes_per_param=NF4_DOUBLE_QUANT_BYTES if double_quant else NF4_PLAIN_BYTES,
+        buffers=_buffers(spec),
+        host_memory_bytes=quantity_bytes(resources.memory) if resources.memory is not None else None,
+    )

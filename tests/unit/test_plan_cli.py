@@ -1,0 +1,75 @@
+"""`ftjob plan`: table, JSON, verdicts and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from finetune_operator.cli.main import main
+from tests.factories import job_document
+
+
+def write_job(tmp_path: Path, **spec: object) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job_document(**spec)))
+    return str(path)
+
+
+QLORA_24GI = {
+    "model": {"uri": "meta-llama/Llama-2-7b-hf"},
+    "method": {"type": "qlora"},
+    "dataset": {"uri": "builtin://reverse-words", "maxSeqLength": 2048},
+    "resources": {"gpusPerNode": 1, "gpuMemory": "24Gi"},
+}
+
+
+def test_json_chooses_a_fitting_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", write_job(tmp_path, **QLORA_24GI), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["gpuMemoryBytes"] == 24 * 2**30
+    assert data["chosen"]["perGpuBytes"] <= 0.9 * data["gpuMemoryBytes"]
+    assert any(c["fits"] is False and c["reason"].startswith("does not fit by") for c in data["candidates"])
+
+
+def test_table_has_components_and_a_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", write_job(tmp_path, **QLORA_24GI)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "weights" in out[1] and "activ" in out[1] and "total" in out[1]
+    assert any(line.startswith("* ") for line in out)
+    assert " fits: " in out[-1]
+
+
+def test_gpu_memory_flag_overrides_the_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", write_job(tmp_path, **QLORA_24GI), "--json", "--gpu-memory", "80Gi"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpuMemoryBytes"] == 80 * 2**30
+
+
+def test_nothing_fits_exits_1_with_advice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_job(
+        tmp_path,
+        **(QLORA_24GI | {"method": {"type": "full"}, "deepspeed": {"zeroStage": 2, "offloadOptimizer": "none"}}),
+    )
+    assert main(["plan", path, "--json"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["chosen"] is None
+    assert "nothing fits" in captured.err and "method.type: lora" in captured.err
+
+
+def test_unknown_model_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", write_job(tmp_path, model={"uri": "nobody/nothing"})]) == 2
+    assert "not in the planner's catalogue" in capsys.readouterr().err
+
+
+def test_planner_imports_no_torch_or_kubernetes() -> None:
+    code = (
+        "import sys, finetune_operator.plan, finetune_operator.cli.plan_cmd;"
+        "bad = {'torch', 'transformers', 'kopf', 'kubernetes', 'peft', 'deepspeed'} & set(sys.modules);"
+        "print(sorted(bad)); sys.exit(1 if bad else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,75 @@
+"""Closed-form parameter counts agree with the real model classes and published totals."""
+
+from __future__ import annotations
+
+import pytest
+
+from finetune_operator.plan.errors import UnknownArchitectureError
+from finetune_operator.plan.model_source import catalogue_entries, catalogue_entry
+from finetune_operator.plan.param_count import architecture_shape, count_parameters
+
+PUBLISHED_TOTALS = {
+    "llama-2-7b": 6_738_415_616,
+    "llama-2-13b": 13_015_864_320,
+    "llama-2-70b": 68_976_648_192,
+    "llama-3.1-8b": 8_030_261_248,
+    "llama-3.1-70b": 70_553_706_496,
+    "mistral-7b": 7_241_732_096,
+    "mixtral-8x7b": 46_702_792_704,
+    "qwen2.5-7b": 7_615_616_512,
+    "qwen2.5-14b": 14_770_033_664,
+    "qwen2.5-72b": 72_706_203_648,
+    "gemma-2-9b": 9_241_705_984,
+    "phi-3-mini": 3_821_079_552,
+}
+"""Parameter totals the model cards and safetensors indexes report."""
+
+
+def test_catalogue_holds_the_promised_models() -> None:
+    assert set(PUBLISHED_TOTALS) | {"tiny-llama"} == set(catalogue_entries())
+
+
+@pytest.mark.parametrize("entry", sorted(PUBLISHED_TOTALS))
+def test_closed_form_total_matches_published(entry: str) -> None:
+    assert architecture_shape(catalogue_entry(entry).config).total_params == PUBLISHED_TOTALS[entry]
+
+
+def test_llama2_7b_lora_r16_all_linear_is_the_well_known_40m() -> None:
+    shape = architecture_shape(catalogue_entry("llama-2-7b").config)
+    assert count_parameters(shape, 16, ["all-linear"]).trainable == 39_976_960
+
+
+def test_named_targets_adapt_only_those_layers() -> None:
+    shape = architecture_shape(catalogue_entry("llama-2-7b").config)
+    counts = count_parameters(shape, 8, ["q_proj", "v_proj"])
+    assert counts.trainable == 32 * 2 * 8 * (4096 + 4096)
+
+
+def test_targets_matching_nothing_are_rejected() -> None:
+    shape = architecture_shape(catalogue_entry("llama-2-7b").config)
+    with pytest.raises(UnknownArchitectureError, match="match no linear layer"):
+        count_parameters(shape, 8, ["qkv"])
+
+
+def _meta_params() -> list[object]:
+    return [
+        pytest.param(entry, marks=() if entry in ("tiny-llama", "phi-3-mini") else pytest.mark.slow)
+        for entry in catalogue_entries()
+    ]
+
+
+@pytest.mark.parametrize("entry", _meta_params())
+def test_closed_form_equals_meta_device_counts(entry: str) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from finetune_operator.plan.meta_count import count_on_meta
+
+    config = catalogue_entry(entry).config
+    closed = count_parameters(architecture_shape(config), 16, ["all-linear"])
+    meta = count_on_meta(config, 16, ["all-linear"])
+    assert (closed.base_total, closed.trainable, closed.total, closed.largest_layer) == (
+        meta.base_total,
+        meta.trainable,
+        meta.total,
+        meta.largest_layer,
+    )

@@ -1,0 +1,138 @@
+"""The analytical memory model: DeepSpeed's own estimators and the properties it must keep."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from finetune_operator.plan.activations import activation_bytes
+from finetune_operator.plan.memory import Strategy, estimate_memory
+from finetune_operator.plan.workload import Workload, workload_from_spec
+from tests.factories import make_job
+
+FULL_MODELS = ["llama-2-7b", "llama-3.1-70b", "mixtral-8x7b", "qwen2.5-14b", "phi-3-mini"]
+
+
+def workload(arch: str, method: str = "full", nodes: int = 1, gpus: int = 8, seq: int = 2048) -> Workload:
+    job = make_job(
+        model={"uri": "org/model", "architecture": arch},
+        method={"type": method},
+        dataset={"uri": "builtin://reverse-words", "maxSeqLength": seq},
+        resources={"numNodes": nodes, "gpusPerNode": gpus},
+    )
+    return workload_from_spec(job.spec)
+
+
+def strategy(stage: int, optimizer: str = "none", params: str = "none", ckpt: bool = False, micro: int = 1) -> Strategy:
+    return Strategy(stage, optimizer, params, ckpt, micro, 1)
+
+
+@pytest.fixture(scope="module")
+def deepspeed_estimators() -> Any:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    stage_1_and_2 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
+    stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
+    # The `_all_cold` entry points print tables built from these two functions.
+    return stage_1_and_2.estimate_zero2_model_states_mem_needs, stage3.estimate_zero3_model_states_mem_needs
+
+
+@pytest.mark.parametrize("arch", FULL_MODELS)
+@pytest.mark.parametrize(("nodes", "gpus"), [(1, 1), (1, 8), (4, 8)])
+@pytest.mark.parametrize("offload", [False, True])
+def test_zero2_model_states_agree_with_deepspeed(
+    deepspeed_estimators: Any, arch: str, nodes: int, gpus: int, offload: bool
+) -> None:
+    zero2, _ = deepspeed_estimators
+    w = workload(arch, nodes=nodes, gpus=gpus)
+    _, expected = zero2(w.counts.total, gpus, nodes, cpu_offload=offload)
+    ours = estimate_memory(w, strategy(2, "cpu" if offload else "none")).model_state_bytes
+    assert ours == pytest.approx(expected, rel=0.02)
+
+
+@pytest.mark.parametrize("arch", FULL_MODELS)
+@pytest.mark.parametrize(("nodes", "gpus"), [(1, 8), (4, 8), (16, 8)])
+@pytest.mark.parametrize(("optimizer", "params"), [("none", "none"), ("cpu", "none"), ("cpu", "cpu")])
+def test_zero3_model_states_agree_with_deepspeed(
+    deepspeed_estimators: Any, arch: str, nodes: int, gpus: int, optimizer: str, params: str
+) -> None:
+    _, zero3 = deepspeed_estimators
+    w = workload(arch, nodes=nodes, gpus=gpus)
+    _, expected, _ = zero3(
+        w.counts.total,
+        w.counts.largest_layer,
+        gpus,
+        nodes,
+        cpu_offload=optimizer != "none",
+        cpu_offload_params=params != "none",
+    )
+    estimate = estimate_memory(w, strategy(3, optimizer, params))
+    gathered_layer = 2 * w.param_bytes * w.counts.largest_layer
+    assert estimate.model_state_bytes + gathered_layer == pytest.approx(expected, rel=0.02)
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+@pytest.mark.parametrize("arch", ["llama-2-7b", "llama-3.1-70b", "mixtral-8x7b"])
+def test_more_gpus_never_increase_zero3_bytes_per_gpu(method: str, arch: str) -> None:
+    sizes = [estimate_memory(workload(arch, method, nodes=n), strategy(3)).per_gpu_bytes for n in (1, 2, 4, 8, 16)]
+    assert sizes == sorted(sizes, reverse=True)
+    assert sizes[-1] < sizes[0]
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_offload_never_increases_gpu_bytes(method: str, stage: int) -> None:
+    w = workload("llama-3.1-8b", method)
+    gpu_only = estimate_memory(w, strategy(stage)).per_gpu_bytes
+    optimizer_offloaded = estimate_memory(w, strategy(stage, "cpu")).per_gpu_bytes
+    assert optimizer_offloaded <= gpu_only
+    if stage == 3:
+        assert estimate_memory(w, strategy(3, "cpu", "cpu")).per_gpu_bytes < optimizer_offloaded
+
+
+@pytest.mark.parametrize("arch", ["llama-2-7b", "gemma-2-9b", "mixtral-8x7b", "phi-3-mini", "qwen2.5-7b"])
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_checkpointing_reduces_activations(arch: str, method: str) -> None:
+    w = workload(arch, method, seq=4096)
+    for micro in (1, 4):
+        plain = activation_bytes(w, micro, checkpointing=False).activations
+        checkpointed = activation_bytes(w, micro, checkpointing=True).activations
+        assert checkpointed < plain / 3
+
+
+def test_activations_grow_linearly_with_micro_batch() -> None:
+    w = workload("llama-2-7b", "lora")
+    one, four = (activation_bytes(w, m, checkpointing=False) for m in (1, 4))
+    assert four.activations == pytest.approx(4 * one.activations, rel=1e-6)
+    assert four.logits == 4 * one.logits
+
+
+def test_qlora_stores_the_base_in_about_half_a_byte_per_parameter() -> None:
+    lora, qlora = workload("llama-2-7b", "lora", gpus=1), workload("llama-2-7b", "qlora", gpus=1)
+    lora_weights = estimate_memory(lora, strategy(0)).breakdown["weights"]
+    qlora_weights = estimate_memory(qlora, strategy(0)).breakdown["weights"]
+    assert 0.25 < qlora_weights / lora_weights < 0.30
+
+
+def test_lora_optimizer_state_is_a_small_fraction_of_full() -> None:
+    full = estimate_memory(workload("llama-2-7b", "full"), strategy(2)).breakdown["optimizer_states"]
+    lora = estimate_memory(workload("llama-2-7b", "lora"), strategy(2)).breakdown["optimizer_states"]
+    assert lora < full / 100
+
+
+def test_breakdown_keys_are_the_status_fields() -> None:
+    from finetune_operator.api.status import MemoryBreakdown
+
+    estimate = estimate_memory(workload("llama-2-7b"), strategy(2))
+    assert set(estimate.breakdown) == set(MemoryBreakdown.model_fields)
+    assert estimate.per_gpu_bytes == sum(estimate.breakdown.values())
+
+
+def test_optimizer_offload_moves_states_to_the_host() -> None:
+    w = workload("llama-2-7b", "full")
+    on_gpu, offloaded = estimate_memory(w, strategy(2)), estimate_memory(w, strategy(2, "cpu"))
+    assert offloaded.breakdown["optimizer_states"] == 0
+    gpus_per_node = w.ranks_per_node
+    moved = on_gpu.breakdown["optimizer_states"] * gpus_per_node
+    assert offloaded.host_bytes_per_node - on_gpu.host_bytes_per_node >= moved

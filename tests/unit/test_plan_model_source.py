@@ -1,0 +1,66 @@
+"""Where the planner finds a model's architecture, and the errors when it cannot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from finetune_operator.plan import DoesNotFitError, ModelConfigNotFoundError, UnknownArchitectureError, plan_job
+from finetune_operator.plan.errors import PlanningError
+from finetune_operator.plan.model_source import resolve_reference
+from tests.factories import make_job
+
+
+@pytest.mark.parametrize(
+    ("reference", "entry"),
+    [
+        ("meta-llama/Llama-2-7b-hf", "llama-2-7b"),
+        ("hf://meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),
+        ("QWEN/qwen2.5-72b", "qwen2.5-72b"),
+        ("builtin://tiny-llama", "tiny-llama"),
+        ("mixtral-8x7b", "mixtral-8x7b"),
+    ],
+)
+def test_catalogue_names_and_aliases_resolve(reference: str, entry: str) -> None:
+    assert resolve_reference(reference).name == entry
+
+
+def test_tiny_llama_architecture_fields_are_untouched() -> None:
+    config = resolve_reference("builtin://tiny-llama").config
+    assert (config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]) == (256, 4, 512)
+
+
+def test_local_directory_with_config_json(tmp_path: Path) -> None:
+    config = resolve_reference("llama-2-7b").config | {"num_hidden_layers": 2}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = plan_job(make_job(model={"uri": str(tmp_path)}).spec)
+    assert result.workload.shape.num_layers == 2 and result.chosen is not None
+
+
+def test_missing_config_json_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(ModelConfigNotFoundError, match=r"config\.json does not exist.*model\.architecture"):
+        plan_job(make_job(model={"uri": str(tmp_path)}).spec)
+
+
+def test_unknown_hub_model_lists_the_catalogue() -> None:
+    with pytest.raises(UnknownArchitectureError, match=r"not in the planner's catalogue \(.*llama-2-7b"):
+        plan_job(make_job(model={"uri": "someone/unknown-model"}).spec)
+
+
+def test_pvc_model_without_architecture_explains_the_fix() -> None:
+    with pytest.raises(UnknownArchitectureError, match="cannot read pvc:// volumes"):
+        plan_job(make_job(model={"uri": "pvc://models/llama"}).spec)
+
+
+def test_unsupported_family(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 8}))
+    with pytest.raises(UnknownArchitectureError, match="'bert' is not a family the planner can count"):
+        plan_job(make_job(model={"uri": str(tmp_path)}).spec)
+
+
+def test_errors_carry_the_condition_reason() -> None:
+    assert UnknownArchitectureError.condition_reason == "InvalidSpec"
+    assert DoesNotFitError.condition_reason == "DoesNotFit"
+    assert issubclass(DoesNotFitError, PlanningError)
