@@ -12,7 +12,7 @@ from finetune_operator.api.status import PlanStatus
 from finetune_operator.plan.fixed import fixed_plan
 from finetune_operator.render.config_files import cluster_hostfile
 from finetune_operator.render.deepspeed_config import deepspeed_config
-from finetune_operator.render.manifests import config_hash, config_map, render_all
+from finetune_operator.render.manifests import config_hash, config_map, gang_hash, render_all
 from finetune_operator.render.options import RenderOptions
 from tests.factories import job_document
 
@@ -168,7 +168,18 @@ def test_config_hash_follows_the_plan() -> None:
     other = plan.model_copy(update={"zero_stage": 3})
     assert config_hash(config_map(j, plan)) != config_hash(config_map(j, other))
     template = rendered(j)["StatefulSet"]["spec"]["template"]
-    assert template["metadata"]["annotations"]["finetune.dev/config-hash"] == config_hash(config_map(j, plan))
+    assert template["metadata"]["annotations"]["finetune.dev/config-hash"] == gang_hash(j, plan, OPTIONS)
+    assert gang_hash(j, plan, OPTIONS) != gang_hash(j, other, OPTIONS)
+
+
+def test_gang_hash_follows_image_and_env() -> None:
+    j = job()
+    plan = fixed_plan(j.spec)
+    changed_image = job(image="registry.example/trainer:2")
+    changed_env = job(env=[{"name": "NCCL_DEBUG", "value": "INFO"}])
+    assert gang_hash(j, plan, OPTIONS) != gang_hash(changed_image, plan, OPTIONS)
+    assert gang_hash(j, plan, OPTIONS) != gang_hash(changed_env, plan, OPTIONS)
+    assert gang_hash(j, plan, OPTIONS) == gang_hash(job(), plan, OPTIONS)
 
 
 @pytest.mark.parametrize(

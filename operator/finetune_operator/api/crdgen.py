@@ -7,9 +7,10 @@ references inlined, every property typed, optionals `nullable` instead of `anyOf
 with null, int-or-string fields marked, and each model's cross-field rules emitted as
 CEL `x-kubernetes-validations`. A field that takes a YAML boolean or `auto` cannot be
 typed structurally (and CEL cannot see untyped fields), so it is left untyped here and
-checked by the models: a bad value gives `Failed/InvalidSpec` on the job. Optionals are `nullable`, except fields whose presence a
-rule tests with `has()`: for those an explicit null is pruned by the apiserver, so a
-null and an absent field mean the same thing to CEL and to pydantic.
+checked by the models: a bad value gives `Failed/InvalidSpec` on the job. Optionals are
+`nullable`, except fields whose presence a rule tests with `has()`: for those an
+explicit null is pruned by the apiserver, so a null and an absent field mean the same
+thing to CEL and to pydantic.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ class PodView:
     deleting: bool
     config_hash: str | None
     created: str
+    unschedulable: str | None
     terminated: Termination | None
     last_terminated: Termination | None
 
@@ -125,6 +126,14 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         deleting=_get(body, "metadata", "deletionTimestamp") is not None,
         config_hash=_get(body, "metadata", "annotations", CONFIG_HASH_ANNOTATION),
         created=str(_get(body, "metadata", "creationTimestamp") or ""),
+        unschedulable=next(
+            (
+                str(c.get("message") or c.get("reason") or "unschedulable")
+                for c in conditions
+                if isinstance(c, Mapping) and c.get("type") == "PodScheduled" and c.get("status") == "False"
+            ),
+            None,
+        ),
         terminated=_termination(_get(trainer, "state", "terminated")),
         last_terminated=_termination(_get(trainer, "lastState", "terminated")),
     )

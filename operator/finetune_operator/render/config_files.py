@@ -41,7 +41,8 @@ def _json(value: object) -> str:
 
 def config_files(job: FineTuneJob, plan: PlanStatus, hostfile: str | None = None) -> dict[str, str]:
     """File name → content for the config directory (a pure function)."""
-    spec_only = job.model_copy(update={"status": None})
+    stable = {"name": job.name, "namespace": job.namespace}  # never uid/resourceVersion: they would roll the gang
+    spec_only = job.model_copy(update={"status": None, "metadata": job.metadata.model_validate(stable)})
     return {
         JOB_FILE: _json(spec_only.to_wire()),
         PLAN_FILE: _json(plan.to_wire()),

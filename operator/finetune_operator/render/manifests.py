@@ -9,6 +9,7 @@ gang is stale and must be restarted together.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 from ..api.job import FineTuneJob
@@ -35,6 +36,18 @@ def config_hash(config: dict[str, Any]) -> str:
     return digest.hexdigest()[:16]
 
 
+def gang_hash(job: FineTuneJob, plan: PlanStatus, options: RenderOptions) -> str:
+    """Identity of what a rank runs: the config files plus the pod template.
+
+    Pods carry it as an annotation; when it differs from the desired one, the running
+    gang is stale (new plan, image, env, resources) and is restarted as a whole.
+    """
+    template = statefulset(job, options, replicas=0, config_hash="")["spec"]["template"]
+    digest = hashlib.sha256(config_hash(config_map(job, plan)).encode())
+    digest.update(json.dumps(template, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
 def pod_monitor(job: FineTuneJob, options: RenderOptions) -> dict[str, Any]:
     """A Prometheus Operator PodMonitor scraping every rank's metrics port."""
     return {
@@ -44,7 +57,17 @@ def pod_monitor(job: FineTuneJob, options: RenderOptions) -> dict[str, Any]:
         "spec": {
             "selector": {"matchLabels": selector_labels(job)},
             "podMetricsEndpoints": [
-                {"port": f"metrics-{rank}", "interval": "15s"} for rank in range(job.spec.resources.ranks_per_node)
+                {
+                    "port": f"metrics-{rank}",
+                    "interval": "15s",
+                    "relabelings": [
+                        {
+                            "sourceLabels": ["__meta_kubernetes_pod_label_finetune_dev_job_name"],
+                            "targetLabel": "finetune_job",
+                        }
+                    ],
+                }
+                for rank in range(job.spec.resources.ranks_per_node)
             ],
         },
     }
@@ -53,7 +76,11 @@ def pod_monitor(job: FineTuneJob, options: RenderOptions) -> dict[str, Any]:
 def render_all(job: FineTuneJob, plan: PlanStatus, options: RenderOptions, replicas: int) -> list[dict[str, Any]]:
     """ConfigMap, headless Service, StatefulSet (and PodMonitor when enabled)."""
     config = config_map(job, plan)
-    objects = [config, headless_service(job, options), statefulset(job, options, replicas, config_hash(config))]
+    objects = [
+        config,
+        headless_service(job, options),
+        statefulset(job, options, replicas, gang_hash(job, plan, options)),
+    ]
     if options.pod_monitor:
         objects.append(pod_monitor(job, options))
     return objects

@@ -1,0 +1,83 @@
+"""`ftjob operator`: run the operator. Every option is a flag or an environment variable."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import threading
+
+DEFAULT_IMAGE_ENV = "FTJOB_TRAINER_IMAGE"
+
+
+def _env_list(name: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from ..render.options import DEFAULT_TRAINER_IMAGE
+
+    env = os.environ.get
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        default=_env_list("FTJOB_WATCH_NAMESPACES"),
+        help="namespace to watch (repeatable; env FTJOB_WATCH_NAMESPACES, comma-separated); default: all",
+    )
+    parser.add_argument("--trainer-image", default=env(DEFAULT_IMAGE_ENV, DEFAULT_TRAINER_IMAGE))
+    parser.add_argument("--metrics-address", default=env("FTJOB_METRICS_ADDRESS", "0.0.0.0"))
+    parser.add_argument("--metrics-port", type=int, default=int(env("FTJOB_METRICS_PORT", "8080")))
+    parser.add_argument("--health-port", type=int, default=int(env("FTJOB_HEALTH_PORT", "8081")))
+    parser.add_argument("--interval", type=float, default=float(env("FTJOB_RECONCILE_INTERVAL", "5")))
+    parser.add_argument("--pod-monitor", action="store_true", default=env("FTJOB_POD_MONITOR", "") == "true")
+    parser.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="default: in-cluster, then ~/.kube/config")
+    parser.add_argument("--verbose", action="store_true")
+
+
+def _load_kube_config(path: str | None) -> None:
+    from kubernetes import config
+
+    if path:
+        os.environ["KUBECONFIG"] = path  # kopf's own login reads the same file
+        config.load_kube_config(config_file=path)  # type: ignore[no-untyped-call]
+        return
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+
+
+def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
+    import kopf
+    from prometheus_client import start_http_server
+
+    from ..handlers.registry import HandlerSettings, build_registry, post_event
+    from ..reconcile import metrics
+    from ..reconcile.cluster_io import ClusterIO
+    from ..reconcile.runner import Reconciler
+    from ..render.options import RenderOptions
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
+    )
+    if not args.verbose:
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per timer tick is noise
+    _load_kube_config(args.kubeconfig)
+    metrics.initialise(tuple(args.namespace))
+    start_http_server(args.metrics_port, addr=args.metrics_address)
+    options = RenderOptions(trainer_image=args.trainer_image, pod_monitor=args.pod_monitor)
+    reconciler = Reconciler(ClusterIO(), options, post_event)
+    registry = build_registry(reconciler, HandlerSettings(interval_seconds=args.interval))
+    liveness = f"http://{args.metrics_address}:{args.health_port}/healthz"
+    asyncio.run(
+        kopf.operator(
+            registry=registry,
+            standalone=True,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            liveness_endpoint=liveness,
+            stop_flag=stop,
+        )
+    )
+    return 0

@@ -1,0 +1,212 @@
+"""One reconciliation of one FineTuneJob: parse → plan → render → apply → status.
+
+The kopf handlers (create, update, resume and the periodic timer) all call
+`Reconciler.reconcile`. It decides on the cached body first; only when the decision
+has an effect does it re-read the job, decide again on the fresh object and write,
+so an idle job costs no API calls and a stale cache never double-counts a restart.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..api import FineTuneJob, describe
+from ..api.spec import FineTuneJobSpec
+from ..api.status import FineTuneJobStatus, PlanStatus
+from ..plan import choose_plan, next_frugal_plan
+from ..plan.errors import PlanningError
+from ..render.manifests import gang_hash, render_all
+from ..render.options import RenderOptions
+from . import metrics
+from .cluster_io import ClusterIO, Conflict, status_patch
+from .lifecycle import Decision, Event, PlanFailed, decide
+from .observed import Observed, observe
+from .progress import Sample, scrape, to_progress
+from .salvage import invalid_spec_status, salvage_status
+
+EventSink = Callable[[Mapping[str, Any], Event], None]
+
+
+def plan_or_fail(spec: FineTuneJobSpec) -> PlanStatus:
+    try:
+        return choose_plan(spec)
+    except PlanningError as exc:
+        raise PlanFailed(exc.condition_reason, str(exc)) from exc
+
+
+@dataclass
+class Outcome:
+    """What a reconciliation did (for handlers, metrics and tests)."""
+
+    decision: Decision | None
+    wrote_status: bool
+    applied: bool
+    requeue_after: float | None
+
+
+class Reconciler:
+    def __init__(self, cluster: ClusterIO, options: RenderOptions, sink: EventSink) -> None:
+        self.cluster = cluster
+        self.options = options
+        self.sink = sink
+        self.census = metrics.JobCensus()
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self._samples: dict[str, Sample] = {}
+
+    def _lock(self, uid: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(uid, threading.Lock())
+
+    def forget(self, uid: str) -> None:
+        with self._locks_guard:
+            self._locks.pop(uid, None)
+        self._samples.pop(uid, None)
+        self.census.record(uid, "", None)
+
+    def reconcile(
+        self,
+        body: Mapping[str, Any],
+        pods: Iterable[Mapping[str, Any]],
+        statefulset: Mapping[str, Any] | None,
+        apply_all: bool = False,
+    ) -> Outcome:
+        uid = str(body.get("metadata", {}).get("uid", ""))
+        started = time.monotonic()
+        metrics.ACTIVE_WORKERS.labels(metrics.CONTROLLER).inc()
+        try:
+            with self._lock(uid):
+                outcome = self._reconcile(dict(body), observe(statefulset, list(pods)), apply_all)
+        except Exception:
+            metrics.RECONCILE_ERRORS.labels(metrics.CONTROLLER).inc()
+            metrics.RECONCILE_TOTAL.labels(metrics.CONTROLLER, "error").inc()
+            raise
+        finally:
+            metrics.ACTIVE_WORKERS.labels(metrics.CONTROLLER).dec()
+            metrics.RECONCILE_TIME.labels(metrics.CONTROLLER).observe(time.monotonic() - started)
+        result = "requeue_after" if outcome.requeue_after else "success"
+        metrics.RECONCILE_TOTAL.labels(metrics.CONTROLLER, result).inc()
+        return outcome
+
+    def _reconcile(self, body: dict[str, Any], observed: Observed, apply_all: bool) -> Outcome:
+        meta = body.get("metadata", {})
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        decision, job = self._decide(body, observed)
+        if job is None:
+            return self._write_invalid(body, namespace, name, decision)
+        effects = self._has_effects(body, job, observed, decision) or apply_all
+        if not effects:
+            self.census.record(job.metadata.uid or "", namespace, decision.status.state)
+            return Outcome(decision, False, False, decision.requeue_after)
+        fresh = self.cluster.read_job(namespace, name)
+        if fresh is None:
+            return Outcome(None, False, False, None)
+        decision, job = self._decide(fresh, observed)
+        if job is None:
+            return self._write_invalid(fresh, namespace, name, decision)
+        applied = False
+        if decision.plan is not None and (apply_all or self._needs_apply(job, observed, decision)):
+            self.cluster.apply(render_all(job, decision.plan, self.options, decision.replicas))
+            applied = True
+        if decision.delete_pods:
+            self.cluster.delete_pods(namespace, name)
+        wrote = self._write_status(fresh, decision)
+        if wrote:
+            for event in decision.events:
+                self._count(namespace, event)
+                self.sink(fresh, event)
+        if decision.delete_job:
+            self.cluster.delete_job(namespace, name)
+            for event in decision.events:
+                self.sink(fresh, event)
+        self.census.record(job.metadata.uid or "", namespace, decision.status.state)
+        return Outcome(decision, wrote, applied, decision.requeue_after)
+
+    def _decide(self, body: Mapping[str, Any], observed: Observed) -> tuple[Decision, FineTuneJob | None]:
+        now = datetime.now(UTC)
+        raw_status = body.get("status")
+        status = salvage_status(raw_status)
+        try:
+            job = FineTuneJob.from_manifest({**body, "status": None})
+        except ValidationError as exc:
+            lines = describe(exc, FineTuneJob)
+            return Decision(invalid_spec_status(status, lines, body, now), replicas=0, plan=None), None
+        job = job.model_copy(update={"status": status})
+        progress = self._progress(job, observed, now)
+        decision = decide(
+            job,
+            observed,
+            now,
+            planner=plan_or_fail,
+            replanner=next_frugal_plan,
+            desired_config_hash=lambda plan: gang_hash(job, plan, self.options),
+            progress=progress,
+        )
+        return decision, job
+
+    def _progress(self, job: FineTuneJob, observed: Observed, now: datetime) -> Any:
+        rank0 = next((p for p in observed.live_pods if p.ordinal == 0 and p.ip and p.phase == "Running"), None)
+        uid = job.metadata.uid or ""
+        if rank0 is None:
+            return None
+        values = scrape(f"http://{rank0.ip}:{self.options.metrics_port}/metrics")
+        if values is None:
+            return job.status.progress if job.status else None
+        sample = Sample(at=time.time(), values=values)
+        progress = to_progress(now, sample, self._samples.get(uid))
+        self._samples[uid] = sample
+        return progress
+
+    def _has_effects(self, body: Mapping[str, Any], job: FineTuneJob, observed: Observed, d: Decision) -> bool:
+        old = salvage_status(body.get("status"))
+        changed = _without_progress_time(d.status) != _without_progress_time(old)
+        return changed or d.delete_pods or d.delete_job or self._needs_apply(job, observed, d)
+
+    def _needs_apply(self, job: FineTuneJob, observed: Observed, d: Decision) -> bool:
+        if d.plan is None:
+            return False
+        workers = observed.workers
+        desired = gang_hash(job, d.plan, self.options)
+        return workers is None or workers.replicas != d.replicas or workers.config_hash != desired
+
+    def _write_status(self, body: Mapping[str, Any], decision: Decision) -> bool:
+        old = body.get("status") or {}
+        new = decision.status.to_wire()
+        if old == new:
+            return False
+        meta = body.get("metadata", {})
+        try:
+            self.cluster.patch_status(
+                meta["namespace"], meta["name"], meta.get("resourceVersion"), status_patch(old, new)
+            )
+        except Conflict:
+            return False  # the next pass decides again on the newer object
+        return True
+
+    def _write_invalid(self, body: Mapping[str, Any], namespace: str, name: str, decision: Decision) -> Outcome:
+        wrote = self._write_status(body, decision)
+        if wrote:
+            failed = [c for c in decision.status.conditions if c.type == "Failed"]
+            self.sink(body, Event("Warning", "InvalidSpec", failed[0].message if failed else "invalid spec"))
+        self.census.record(str(body.get("metadata", {}).get("uid", "")), namespace, decision.status.state)
+        return Outcome(decision, wrote, False, None)
+
+    @staticmethod
+    def _count(namespace: str, event: Event) -> None:
+        if event.reason in ("RankFailed", "OutOfMemoryReplanned"):
+            metrics.RESTARTS.labels(namespace).inc()
+        if event.reason == "OutOfMemoryReplanned":
+            metrics.REPLANS.labels("OutOfMemory").inc()
+
+
+def _without_progress_time(status: FineTuneJobStatus | None) -> Any:
+    if status is None or status.progress is None:
+        return status
+    return status.model_copy(update={"progress": status.progress.model_copy(update={"last_update_time": None})})

@@ -1,0 +1,188 @@
+"""Fixtures that run the real operator (`ftjob operator`) against the local cluster.
+
+The operator is a separate process, exactly as in a pod: it reads the kubeconfig, watches
+all namespaces and reconciles every second. Tests drive it only through the API, and
+simulate a kubelet's reports on kwok pods by patching pod status (exit codes, OOMKilled,
+termination messages), which is all the operator ever reads of a container.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from finetune_localcluster import Kube, wait_for
+from finetune_operator.api.crdgen import build_crd
+from tests.factories import job_document
+
+JOBS = "/apis/finetune.dev/v1alpha1/namespaces/{ns}/finetunejobs"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def install_crd(kube: Kube) -> None:
+    manifest = build_crd()
+    name = manifest["metadata"]["name"]
+    kube.request(
+        "PATCH",
+        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
+        manifest,
+        params={"fieldManager": "tests", "force": "true"},
+        content_type="application/apply-patch+yaml",
+    )
+
+    def established() -> bool:
+        got = kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        return any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in (got.get("status") or {}).get("conditions") or []
+        )
+
+    wait_for(established, 30, "the FineTuneJob CRD to be established")
+
+
+@dataclass
+class OperatorProcess:
+    """A running `ftjob operator`, restartable (to test restarts mid-flight)."""
+
+    kubeconfig: Path
+    log_path: Path
+    extra_args: tuple[str, ...] = ()
+    proc: subprocess.Popen[bytes] | None = None
+    metrics_port: int = 0
+
+    def start(self) -> None:
+        self.metrics_port, health = free_port(), free_port()
+        argv = [
+            str(REPO / ".venv" / "bin" / "ftjob") if (REPO / ".venv/bin/ftjob").exists() else "ftjob",
+            "operator",
+            "--kubeconfig", str(self.kubeconfig),
+            "--metrics-address", "127.0.0.1",
+            "--metrics-port", str(self.metrics_port),
+            "--health-port", str(health),
+            "--interval", "1",
+            "--trainer-image", "trainer:test",
+            *self.extra_args,
+        ]  # fmt: skip
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        log.close()
+        wait_for(lambda: self._healthy(health), 60, "the operator's liveness endpoint")
+
+    def _healthy(self, port: int) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.log_tail()}")
+        try:
+            return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def metrics(self) -> str:
+        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture(scope="session")
+def operator(kube: Kube, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    install_crd(kube)
+    process = OperatorProcess(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
+    process.start()
+    yield process
+    process.stop()
+
+
+class Jobs:
+    """Small helpers over the FineTuneJob API of one namespace."""
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self.kube, self.ns = kube, namespace
+
+    def create(self, name: str = "job", **spec: Any) -> dict[str, Any]:
+        doc = job_document(**spec)
+        doc["metadata"] = {"name": name, "namespace": self.ns}
+        return self.kube.create(JOBS.format(ns=self.ns), doc)
+
+    def get(self, name: str = "job") -> dict[str, Any]:
+        return self.kube.get(JOBS.format(ns=self.ns) + f"/{name}")
+
+    def patch(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.kube.merge_patch(JOBS.format(ns=self.ns) + f"/{name}", {"spec": spec})
+
+    def status(self, name: str = "job") -> dict[str, Any]:
+        status: dict[str, Any] = self.get(name).get("status") or {}
+        return status
+
+    def wait(self, check: Callable[[dict[str, Any]], bool], what: str, name: str = "job", timeout: float = 60) -> Any:
+        def ready() -> dict[str, Any] | None:
+            status = self.status(name)
+            return status if status and check(status) else None
+
+        return wait_for(ready, timeout, what)
+
+    def wait_state(self, state: str, name: str = "job", timeout: float = 60) -> dict[str, Any]:
+        result: dict[str, Any] = self.wait(lambda s: s.get("state") == state, f"{name} to be {state}", name, timeout)
+        return result
+
+    def pods(self, name: str = "job") -> list[dict[str, Any]]:
+        items = self.kube.items(f"/api/v1/namespaces/{self.ns}/pods", labelSelector=f"finetune.dev/job-name={name}")
+        return sorted((p for p in items if not p["metadata"].get("deletionTimestamp")),
+                      key=lambda p: p["metadata"]["name"])  # fmt: skip
+
+    def statefulset(self, name: str = "job") -> dict[str, Any] | None:
+        return self.kube.get_or_none(f"/apis/apps/v1/namespaces/{self.ns}/statefulsets/{name}")
+
+    def events(self, name: str = "job") -> list[dict[str, Any]]:
+        return self.kube.items(f"/api/v1/namespaces/{self.ns}/events", fieldSelector=f"involvedObject.name={name}")
+
+    def report(self, pod: str, terminated: dict[str, Any], last: bool = False, restarts: int = 0) -> None:
+        """Play kubelet: the trainer container of `pod` terminated (now, or before a restart)."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        term = {"startedAt": now, "finishedAt": now, "reason": "Error", **copy.deepcopy(terminated)}
+        state = {"running": {"startedAt": now}} if last else {"terminated": term}
+        status = {
+            "name": "trainer", "image": "trainer:test", "imageID": "", "ready": last, "started": last,
+            "restartCount": restarts, "state": state, "lastState": {"terminated": term} if last else {},
+        }  # fmt: skip
+        self.kube.merge_patch(f"/api/v1/namespaces/{self.ns}/pods/{pod}/status",
+                              {"status": {"containerStatuses": [status]}})  # fmt: skip
+
+
+def gpu_job(**spec: Any) -> dict[str, Any]:
+    """A 2 × 8 GPU LoRA job on the kwok nodes."""
+    resources = {"numNodes": 2, "gpusPerNode": 8, "gpuMemory": "80Gi", **spec.pop("resources", {})}
+    return {"resources": resources, **spec}
+
+
+def python() -> str:
+    return sys.executable
