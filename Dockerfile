@@ -1,0 +1,34 @@
+# The operator image: `ftjob operator`, torch-free, non-root.
+#
+# BASE_IMAGE needs python3 (>= 3.11) with the venv module; scripts/build-images.sh passes a
+# Debian bookworm rootfs made by debootstrap, anything like python:3.11-slim works too.
+# Two stages so pip, its cache and the source tree stay out of the final image.
+ARG BASE_IMAGE=docker.io/library/python:3.11-slim
+
+FROM ${BASE_IMAGE} AS build
+COPY pyproject.toml README.md /src/
+COPY operator /src/operator
+# A TLS-intercepting proxy's CA can be passed as the secret `ca-bundle`; it never lands in a layer.
+RUN --mount=type=secret,id=ca-bundle \
+    set -eu; \
+    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi; \
+    python3 -m venv /opt/ftjob; \
+    /opt/ftjob/bin/pip install --no-cache-dir --disable-pip-version-check /src; \
+    /opt/ftjob/bin/pip uninstall --yes --quiet pip setuptools; \
+    # kubernetes>=35 bundles an asyncio copy of the client (~70 MB) that neither the operator
+    # nor kopf imports; the import check in scripts/build-images.sh guards this.
+    rm -rf /opt/ftjob/lib/python3*/site-packages/kubernetes/aio; \
+    /opt/ftjob/bin/ftjob --help >/dev/null
+
+FROM ${BASE_IMAGE}
+LABEL org.opencontainers.image.title="finetune-operator" \
+      org.opencontainers.image.description="Kubernetes operator for distributed LLM fine-tuning with DeepSpeed"
+COPY --from=build /opt/ftjob /opt/ftjob
+ENV PATH=/opt/ftjob/bin:$PATH \
+    HOME=/tmp \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+# Numeric, so Kubernetes can verify runAsNonRoot without a passwd entry.
+USER 1000:1000
+EXPOSE 8080 8081
+ENTRYPOINT ["ftjob", "operator"]

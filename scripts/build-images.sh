@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Builds the operator and trainer images for real, with buildah (chroot isolation: no daemon,
+# no user namespaces needed) on a Debian bookworm base made by debootstrap (no registry needed),
+# then checks each image from the inside (`ftjob --help` and an import check, via buildah run
+# as the image's non-root user) and prints sizes and build times.
+#
+#   scripts/build-images.sh [operator] [trainer]      (default: both)
+#
+# Environment:
+#   FTJOB_CACHE_DIR      cache root (default ~/.cache/finetune-operator); the debootstrap rootfs
+#                        is kept there as images/debian-bookworm-python3-v2.tar
+#   FTJOB_IMAGE_TAG      tag of the built images (default dev)
+#   FTJOB_DEBIAN_MIRROR  Debian mirror for debootstrap (default http://deb.debian.org/debian)
+#   FTJOB_CA_BUNDLE      CA bundle for pip inside the build, passed as a build secret (default:
+#                        the host's bundle, which covers a TLS-intercepting proxy the host trusts)
+#   FTJOB_TRAINER_TORCH  pip spec of torch for the trainer image (default torch, CUDA wheels from PyPI)
+#   FTJOB_SUMMARY_FILE   also write the summary lines (name, size, seconds) to this file
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE_DIR=${FTJOB_CACHE_DIR:-$HOME/.cache/finetune-operator}
+TAG=${FTJOB_IMAGE_TAG:-dev}
+MIRROR=${FTJOB_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+CA_BUNDLE=${FTJOB_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
+TORCH_SPEC=${FTJOB_TRAINER_TORCH:-torch}
+SUITE=bookworm
+ROOTFS_TAR="$CACHE_DIR/images/debian-$SUITE-python3-v2.tar"  # bump vN when the recipe changes
+BASE_IMAGE="localhost/finetune-base:$SUITE-python3-v2"
+OPERATOR_IMAGE="localhost/finetune-operator:$TAG"
+TRAINER_IMAGE="localhost/finetune-trainer:$TAG"
+export BUILDAH_ISOLATION=chroot
+
+log() { printf '\033[1m[build-images]\033[0m %s\n' "$*"; }
+die() { printf '\033[1;31m[build-images]\033[0m %s\n' "$*" >&2; exit 1; }
+
+targets=("$@")
+((${#targets[@]})) || targets=(operator trainer)
+for t in "${targets[@]}"; do
+  [[ $t == operator || $t == trainer ]] || die "unknown image '$t' (operator, trainer)"
+done
+
+# 1. Tools: buildah and debootstrap from Debian when missing.
+missing=()
+command -v buildah >/dev/null || missing+=(buildah)
+command -v debootstrap >/dev/null || missing+=(debootstrap)
+if ((${#missing[@]})); then
+  [[ $(id -u) == 0 ]] || die "need ${missing[*]}: install them (apt-get install ${missing[*]}) or run as root"
+  log "installing ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# 2. The base: a minimal Debian with python3 and venv, made once by debootstrap and cached.
+if [[ ! -s $ROOTFS_TAR ]]; then
+  log "debootstrap $SUITE (minbase + python3) from $MIRROR; cached in $ROOTFS_TAR"
+  start=$SECONDS
+  work=$(mktemp -d "${TMPDIR:-/tmp}/ftjob-rootfs.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+    "$SUITE" "$work/rootfs" "$MIRROR" >"$work/debootstrap.log" 2>&1 \
+    || { tail -n 30 "$work/debootstrap.log" >&2; die "debootstrap failed (log above)"; }
+  # Caches, logs and documentation are dead weight in an image (~20 MB).
+  rm -rf "$work/rootfs"/var/cache/apt/archives/*.deb "$work/rootfs"/var/lib/apt/lists/* "$work/rootfs"/var/log/* \
+    "$work/rootfs"/usr/share/doc/* "$work/rootfs"/usr/share/man/* "$work/rootfs"/usr/share/info/*
+  mkdir -p "$(dirname "$ROOTFS_TAR")"
+  tar --numeric-owner -C "$work/rootfs" -cf "$ROOTFS_TAR.tmp" .
+  mv "$ROOTFS_TAR.tmp" "$ROOTFS_TAR"
+  rm -rf "$work"
+  trap - EXIT
+  log "debootstrap took $((SECONDS - start)) s"
+fi
+if ! buildah inspect --type image "$BASE_IMAGE" >/dev/null 2>&1; then
+  log "importing the rootfs as $BASE_IMAGE"
+  ctr=$(buildah from scratch)
+  buildah add --quiet "$ctr" "$ROOTFS_TAR" / >/dev/null
+  buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --env LANG=C.UTF-8 --cmd /bin/bash "$ctr"
+  buildah commit --quiet --rm "$ctr" "$BASE_IMAGE" >/dev/null
+fi
+
+secret=()
+[[ -s $CA_BUNDLE ]] && secret=(--secret "id=ca-bundle,src=$CA_BUNDLE")
+
+summary=()
+build() {  # name image dockerfile [build-arg...]
+  local name=$1 image=$2 file=$3; shift 3
+  local args=() start
+  for a in "$@"; do args+=(--build-arg "$a"); done
+  log "building $image from $file"
+  start=$SECONDS
+  buildah build --isolation chroot --layers=false -f "$file" -t "$image" \
+    --build-arg "BASE_IMAGE=$BASE_IMAGE" "${args[@]}" "${secret[@]}" . \
+    || die "building $image failed"
+  local seconds=$((SECONDS - start))
+  check "$name" "$image"
+  local size
+  size=$(buildah images --noheading --format '{{.Size}}' "$image" | head -n1)
+  summary+=("$(printf '%-9s %-40s size %-10s build %4d s' "$name" "$image" "$size" "$seconds")")
+}
+
+check() {  # name image: run as the image's own (non-root) user, chroot isolation
+  local name=$1 image=$2 ctr user
+  user=$(buildah inspect --type image --format '{{.OCIv1.Config.User}}' "$image")
+  [[ $user == 1000:1000 ]] || die "$image runs as '$user', expected 1000:1000"
+  ctr=$(buildah from --quiet "$image")
+  run_checks "$name" "$image" "$ctr" || { buildah rm "$ctr" >/dev/null; die "$image: checks failed"; }
+  buildah rm "$ctr" >/dev/null
+  log "$image: ftjob --help and imports ok as user $user"
+}
+
+run_checks() {  # name image container
+  local name=$1 image=$2 ctr=$3
+  buildah run --isolation chroot "$ctr" -- ftjob --help >/dev/null || { log "$image: ftjob --help failed"; return 1; }
+  if [[ $name == operator ]]; then
+    buildah run --isolation chroot "$ctr" -- python3 -c '
+import importlib.util, sys
+import kopf, kubernetes.client, kubernetes.config, kubernetes.watch, pydantic, prometheus_client
+from finetune_operator.handlers.registry import build_registry
+from finetune_operator.reconcile.cluster_io import ClusterIO
+for heavy in ("torch", "deepspeed", "transformers"):
+    if importlib.util.find_spec(heavy):
+        sys.exit(f"{heavy} must not be in the operator image")
+print("operator imports ok, torch-free")' || { log "$image: import check failed"; return 1; }
+  else
+    buildah run --isolation chroot --env DS_ACCELERATOR=cpu "$ctr" -- python3 -c '
+import torch, deepspeed, peft, transformers, bitsandbytes, datasets, finetune_trainer
+print("trainer imports ok: torch", torch.__version__, "deepspeed", deepspeed.__version__)' \
+      || { log "$image: import check failed"; return 1; }
+  fi
+}
+
+for t in "${targets[@]}"; do
+  case $t in
+    operator) build operator "$OPERATOR_IMAGE" Dockerfile ;;
+    trainer) build trainer "$TRAINER_IMAGE" trainer_image/Dockerfile "TORCH_SPEC=$TORCH_SPEC" ;;
+  esac
+done
+
+log "summary"
+printf '  %s\n' "${summary[@]}"
+[[ -z ${FTJOB_SUMMARY_FILE:-} ]] || printf '%s\n' "${summary[@]}" >"$FTJOB_SUMMARY_FILE"
