@@ -108,6 +108,10 @@ class Result(ApiModel):
     merged_model_uri: Annotated[str, Field(max_length=1024)] | None = None
     final_loss: float | None = None
     eval_loss: float | None = None
+    eval_loss_before: float | None = None
+    exact_match: float | None = None
+    exact_match_before: float | None = None
+    skipped_records: Annotated[int, Field(ge=0)] | None = None
     steps: Annotated[int, Field(ge=0)] | None = None
     tokens: Annotated[int, Field(ge=0)] | None = None
     wall_seconds: float | None = None

@@ -159,14 +159,18 @@ def _result(term: Termination) -> Result:
                 return float(value)
         return None
 
-    steps, tokens = num("steps", "globalStep"), num("tokens", "tokensTrained")
-    adapter = summary.get("adapter") or summary.get("adapterUri") or summary.get("adapter_dir")
+    steps, tokens, skipped = num("steps", "globalStep"), num("tokens", "tokensTrained"), num("skippedRecords")
+    adapter = summary.get("adapterUri") or summary.get("modelUri") or summary.get("adapter")
     merged = summary.get("merged") or summary.get("mergedModelUri")
     return Result(
         adapter_uri=str(adapter) if adapter else None,
         merged_model_uri=str(merged) if merged else None,
         final_loss=num("finalLoss", "final_loss", "loss"),
         eval_loss=num("evalLoss", "eval_loss"),
+        eval_loss_before=num("evalLossBefore"),
+        exact_match=num("exactMatch"),
+        exact_match_before=num("exactMatchBefore"),
+        skipped_records=int(skipped) if skipped is not None else None,
         steps=int(steps) if steps is not None else None,
         tokens=int(tokens) if tokens is not None else None,
         wall_seconds=num("wallSeconds", "wall_seconds"),
