@@ -9,108 +9,20 @@ termination messages), which is all the operator ever reads of a container.
 from __future__ import annotations
 
 import copy
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 from finetune_localcluster import Kube, wait_for
-from finetune_operator.api.crdgen import build_crd
+from finetune_localcluster.devtools import OperatorProcess, install_crd
 from tests.factories import job_document
 
 JOBS = "/apis/finetune.dev/v1alpha1/namespaces/{ns}/finetunejobs"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def install_crd(kube: Kube) -> None:
-    manifest = build_crd()
-    name = manifest["metadata"]["name"]
-    kube.request(
-        "PATCH",
-        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
-        manifest,
-        params={"fieldManager": "tests", "force": "true"},
-        content_type="application/apply-patch+yaml",
-    )
-
-    def established() -> bool:
-        got = kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-        return any(
-            c["type"] == "Established" and c["status"] == "True"
-            for c in (got.get("status") or {}).get("conditions") or []
-        )
-
-    wait_for(established, 30, "the FineTuneJob CRD to be established")
-
-
-@dataclass
-class OperatorProcess:
-    """A running `ftjob operator`, restartable (to test restarts mid-flight)."""
-
-    kubeconfig: Path
-    log_path: Path
-    extra_args: tuple[str, ...] = ()
-    proc: subprocess.Popen[bytes] | None = None
-    metrics_port: int = 0
-
-    def start(self) -> None:
-        self.metrics_port, health = free_port(), free_port()
-        argv = [
-            str(REPO / ".venv" / "bin" / "ftjob") if (REPO / ".venv/bin/ftjob").exists() else "ftjob",
-            "operator",
-            "--kubeconfig", str(self.kubeconfig),
-            "--metrics-address", "127.0.0.1",
-            "--metrics-port", str(self.metrics_port),
-            "--health-port", str(health),
-            "--interval", "1",
-            "--trainer-image", "trainer:test",
-            *self.extra_args,
-        ]  # fmt: skip
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
-        log.close()
-        wait_for(lambda: self._healthy(health), 60, "the operator's liveness endpoint")
-
-    def _healthy(self, port: int) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.log_tail()}")
-        try:
-            return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
-        except requests.RequestException:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def metrics(self) -> str:
-        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
-
-    def log_tail(self, lines: int = 60) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,166 @@
+"""Driving the operator and the chart on a LocalCluster: shared by the tests and the demo.
+
+Runs `ftjob operator` as a separate process (as it runs in a pod), installs the generated
+CRD, binds a claim for a job's output, runs helm and kubectl from the cached binaries,
+and makes a kubeconfig from a ServiceAccount token so the operator can run with exactly
+the chart's RBAC.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+import yaml
+
+from finetune_localcluster.binaries import cached_binaries
+from finetune_localcluster.cluster import LocalCluster
+from finetune_localcluster.kube import Kube, wait_for
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def install_crd(kube: Kube) -> None:
+    from finetune_operator.api.crdgen import build_crd
+
+    manifest = build_crd()
+    name = manifest["metadata"]["name"]
+    kube.request(
+        "PATCH",
+        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
+        manifest,
+        params={"fieldManager": "tests", "force": "true"},
+        content_type="application/apply-patch+yaml",
+    )
+
+    def established() -> bool:
+        got = kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        return any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in (got.get("status") or {}).get("conditions") or []
+        )
+
+    wait_for(established, 30, "the FineTuneJob CRD to be established")
+
+
+@dataclass
+class OperatorProcess:
+    """A running `ftjob operator`, restartable (to test restarts mid-flight)."""
+
+    kubeconfig: Path
+    log_path: Path
+    extra_args: tuple[str, ...] = ()
+    proc: subprocess.Popen[bytes] | None = None
+    metrics_port: int = 0
+
+    def start(self) -> None:
+        self.metrics_port, health = free_port(), free_port()
+        argv = [
+            str(REPO / ".venv" / "bin" / "ftjob") if (REPO / ".venv/bin/ftjob").exists() else "ftjob",
+            "operator",
+            "--kubeconfig", str(self.kubeconfig),
+            "--metrics-address", "127.0.0.1",
+            "--metrics-port", str(self.metrics_port),
+            "--health-port", str(health),
+            "--interval", "1",
+            "--trainer-image", "trainer:test",
+            *self.extra_args,
+        ]  # fmt: skip
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        log.close()
+        wait_for(lambda: self._healthy(health), 60, "the operator's liveness endpoint")
+
+    def _healthy(self, port: int) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.log_tail()}")
+        try:
+            return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def metrics(self) -> str:
+        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def bind_claim(kube: Kube, namespace: str, claim: str) -> None:
+    """A statically bound claim (the process node keeps its data in a directory per claim)."""
+    pv = f"{namespace}-{claim}"[:63]
+    kube.create("/api/v1/persistentvolumes", {
+        "metadata": {"name": pv},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                 "hostPath": {"path": f"/tmp/{pv}"}, "claimRef": {"namespace": namespace, "name": claim}},
+    })  # fmt: skip
+    kube.create(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", {
+        "metadata": {"name": claim},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv,
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    })  # fmt: skip
+    wait_for(
+        lambda: (
+            kube.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")["status"].get("phase") == "Bound"
+        ),
+        60,
+        "the output claim to bind",
+    )
+
+
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
+    done = subprocess.run(
+        [str(cached_binaries().kubectl), "--kubeconfig", str(kubeconfig), *args],
+        input=stdin, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout
+
+
+def helm(kubeconfig: Path, *args: str) -> str:
+    done = subprocess.run(
+        [str(cached_binaries().helm), "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"helm {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def service_account_kubeconfig(kube: Kube, cluster: LocalCluster, ns: str, sa: str, path: Path) -> Path:
+    token = kube.create(f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token",
+                        {"spec": {"expirationSeconds": 3600}})["status"]["token"]  # fmt: skip
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    server = admin["clusters"][0]["cluster"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": server}],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": sa, "context": {"cluster": "local", "user": sa}}],
+        "current-context": sa,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
