@@ -197,7 +197,9 @@ def test_terminal_job_is_never_restarted() -> None:
     [
         (exited(137, "", "OOMKilled"), True),
         (exited(1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"), True),
-        (exited(1, "RuntimeError: DefaultCPUAllocator: can't allocate memory"), False),
+        (exited(1, "RuntimeError: DefaultCPUAllocator: can't allocate memory"), True),
+        (exited(1, "OutOfMemory: CUDA out of memory (rank 3)"), True),
+        (exited(137, "RankKilled: rank 1 on node 1 died without an error message (SIGKILL, exit 137)"), False),
         (exited(137, "", "Error"), False),
     ],
 )

@@ -29,15 +29,16 @@ GANG_RESTART = "GangRestart"
 EXPIRED = "TTLExpired"
 
 _OOM = re.compile(
-    r"out of memory|OutOfMemoryError|CUDA error: out of memory|OOMKilled|\bOOM\b|cannot allocate memory",
-    re.IGNORECASE,
+    r"^OutOfMemory:|out of memory|OutOfMemoryError|OOMKilled|\bOOM\b|can(no|')t allocate memory|std::bad_alloc",
+    re.IGNORECASE | re.MULTILINE,
 )
 
 
 def is_out_of_memory(term: Termination) -> bool:
-    """OOM, per the trainer's root cause or the kubelet: re-planning may fix it.
+    """OOM, per the trainer's root cause (`OutOfMemory: ...`) or the kubelet (`OOMKilled`).
 
-    Exit 137 alone is a SIGKILL from anyone (a node drain, a test), not evidence of OOM.
+    Exit 137 alone is a SIGKILL from anyone (the memory killer, an eviction, a person);
+    when it was the memory killer the kubelet says OOMKilled.
     """
     return term.reason == "OOMKilled" or bool(_OOM.search(term.message))
 

@@ -1,0 +1,112 @@
+"""One rank of the TRL SFTTrainer baseline, started by the DeepSpeed launcher (see trainer_vs_trl.py).
+
+Same tiny model, records, LoRA settings and DeepSpeed config as the `ftjob run` side;
+it prints one JSON line with its useful (non-padding) tokens and training seconds.
+Needs `trl` (the `bench` dependency group); never imported by the package or the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--data", required=True, help="JSONL of prompt/completion records")
+    parser.add_argument("--deepspeed", required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--micro", type=int, required=True)
+    parser.add_argument("--accumulation", type=int, default=1)
+    parser.add_argument("--max-length", type=int, required=True)
+    parser.add_argument("--packing", action="store_true")
+    parser.add_argument("--lora-r", type=int, default=16)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--local_rank", type=int, default=0)
+    args = parser.parse_args()
+
+    import torch
+    from datasets import load_dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    torch.set_num_threads(1)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa")
+    dataset = load_dataset("json", data_files=args.data, split="train")
+    ds_config: dict[str, Any] = json.loads(Path(args.deepspeed).read_text())
+    config = SFTConfig(
+        output_dir=args.out,
+        max_steps=args.steps,
+        per_device_train_batch_size=args.micro,
+        gradient_accumulation_steps=args.accumulation,
+        learning_rate=1e-3,
+        lr_scheduler_type="cosine",
+        warmup_steps=max(1, args.steps // 20),
+        logging_steps=args.steps,
+        save_strategy="no",
+        report_to=[],
+        deepspeed=ds_config,
+        max_length=args.max_length,
+        packing=args.packing,
+        padding_free=args.packing,
+        completion_only_loss=True,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        dataloader_num_workers=0,
+        seed=42,
+        disable_tqdm=True,
+    )
+    counted = {"tokens": 0}
+
+    class CountTokens(TrainerCallback):  # type: ignore[misc]
+        pass
+
+    trainer = SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=LoraConfig(
+            r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, target_modules="all-linear"
+        ),
+        callbacks=[CountTokens()],
+    )
+    original = trainer.compute_loss
+
+    def compute_loss(model: Any, inputs: dict[str, Any], *a: Any, **k: Any) -> Any:
+        if "attention_mask" in inputs and inputs["attention_mask"] is not None and inputs["attention_mask"].dim() == 2:
+            counted["tokens"] += int(inputs["attention_mask"].sum())
+        else:
+            counted["tokens"] += int(inputs["input_ids"].numel())
+        return original(model, inputs, *a, **k)
+
+    trainer.compute_loss = compute_loss  # type: ignore[method-assign]
+    began = time.perf_counter()
+    result = trainer.train()
+    seconds = time.perf_counter() - began
+    if int(os.environ.get("RANK", "0")) == 0 or True:
+        print(
+            "TRL_RESULT "
+            + json.dumps(
+                {
+                    "rank": int(os.environ.get("RANK", "0")),
+                    "tokens": counted["tokens"],
+                    "seconds": seconds,
+                    "train_runtime": result.metrics.get("train_runtime"),
+                    "loss": result.metrics.get("train_loss"),
+                }
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""Useful tokens per second: `ftjob run` against TRL's SFTTrainer, and our packing on vs off.
+
+Run on demand (never asserted):  .venv/bin/python benchmarks/trainer_vs_trl.py [--steps 60]
+Needs `trl` (dependency group `bench`). Both sides train the same tiny model (the
+built-in tiny Llama) on the same records with the same LoRA (r=16, all linear layers),
+the same DeepSpeed config (ZeRO-2, as rendered, adjusted for CPU), 2 CPU ranks, the same
+micro-batch and step count. Useful tokens are non-padding tokens; time is training time
+only (ours: sum of step durations; TRL: its train_runtime). Results print side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "FTJOB_METRICS_PORT": "off",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONWARNINGS": "ignore",
+    }
+
+
+def _job(
+    name: str, model: str, data: str, fmt: str, steps: int, micro: int, max_len: int, packing: bool
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "finetune.dev/v1alpha1",
+        "kind": "FineTuneJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"uri": model},
+            "dataset": {
+                "uri": data,
+                "format": fmt,
+                "maxSeqLength": max_len,
+                "packing": packing,
+                "validationSplit": 0.0,
+            },
+            "method": {"type": "lora", "lora": {"r": 16, "alpha": 32, "dropout": 0.0}},
+            "training": {
+                "maxSteps": steps,
+                "microBatchSize": micro,
+                "globalBatchSize": 2 * micro,
+                "learningRate": 0.001,
+                "warmupRatio": 0.05,
+                "precision": "fp32",
+                "checkpointEverySteps": 1_000_000,
+            },
+            "resources": {"numNodes": 2, "gpusPerNode": 0},
+            "deepspeed": {"zeroStage": 2},
+            "output": {"uri": "/tmp/unused"},
+        },
+    }
+
+
+def run_ours(work: Path, job: dict[str, Any]) -> dict[str, float]:
+    name = job["metadata"]["name"]
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(job))
+    out = work / f"out-{name}"
+    subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "finetune_operator.cli.main",
+            "run",
+            str(path),
+            "--output",
+            str(out),
+            "--no-progress",
+            "--master-port",
+            str(_port()),
+        ],
+        check=True,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+    )
+    steps = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "loss" in s]
+    seconds = sum(s["seconds"] for s in steps)
+    return {
+        "tokens": steps[-1]["tokens"],
+        "seconds": seconds,
+        "tokens_per_s": steps[-1]["tokens"] / seconds,
+        "final_loss": steps[-1]["loss"],
+    }
+
+
+def run_trl(work: Path, model: str, data: Path, job: dict[str, Any]) -> dict[str, float]:
+    from finetune_operator.api.job import FineTuneJob
+    from finetune_operator.plan import choose_plan
+    from finetune_operator.render.config_files import config_files
+    from finetune_trainer.modeling import compute_settings, effective_deepspeed_config
+
+    parsed = FineTuneJob.from_manifest(job)
+    plan = choose_plan(parsed.spec)
+    rendered = json.loads(config_files(parsed, plan)["deepspeed.json"])
+    ds_path = work / f"ds-{job['metadata']['name']}.json"
+    ds_path.write_text(json.dumps(effective_deepspeed_config(rendered, compute_settings(parsed.spec, False))))
+    hostfile = work / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    spec = job["spec"]
+    cmd = [
+        PYTHON,
+        "-u",
+        "-m",
+        "deepspeed.launcher.runner",
+        "--no_ssh",
+        "--node_rank=0",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_port()}",
+        "--hostfile",
+        str(hostfile),
+        "--log_level",
+        "warning",
+        str(REPO / "benchmarks" / "trainer_trl_baseline.py"),
+        "--model",
+        model,
+        "--data",
+        str(data),
+        "--deepspeed",
+        str(ds_path),
+        "--steps",
+        str(spec["training"]["maxSteps"]),
+        "--micro",
+        str(spec["training"]["microBatchSize"]),
+        "--max-length",
+        str(spec["dataset"]["maxSeqLength"]),
+        "--out",
+        str(work / f"trl-{job['metadata']['name']}"),
+    ]
+    if spec["dataset"]["packing"]:
+        cmd.append("--packing")
+    proc = subprocess.run(cmd, check=False, env=_env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"TRL baseline failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+    results = [
+        json.loads(line.split("TRL_RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "TRL_RESULT " in line
+    ]
+    tokens = sum(r["tokens"] for r in results)
+    seconds = max(r["train_runtime"] for r in results)
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "final_loss": results[0]["loss"]}
+
+
+def write_data(work: Path, model_dir: Path) -> dict[str, Path]:
+    from finetune_trainer.builtin import WORDS, reverse_words_records
+    from finetune_trainer.data.formats import alpaca_prompt
+
+    records = [{k: r[k] for k in ("instruction", "input", "output")} for r in reverse_words_records(3000, seed=3)]
+    ours = work / "alpaca.jsonl"
+    ours.write_text("".join(json.dumps(r) + "\n" for r in records))
+    trl = work / "prompt_completion.jsonl"
+    trl.write_text(
+        "".join(json.dumps({"prompt": "<s>" + alpaca_prompt(r), "completion": r["output"]}) + "\n" for r in records)
+    )
+    rng = random.Random(0)
+    skewed = work / "skewed.jsonl"
+    lines = []
+    for _ in range(3000):
+        n = rng.randint(100, 180) if rng.random() < 0.1 else rng.randint(4, 16)
+        lines.append(json.dumps({"text": " ".join(rng.choices(WORDS, k=n))}))
+    skewed.write_text("\n".join(lines) + "\n")
+    return {"alpaca": ours, "trl": trl, "skewed": skewed}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--micro", type=int, default=8)
+    parser.add_argument("--skip-trl", action="store_true")
+    args = parser.parse_args()
+    from finetune_trainer.builtin import materialise_model
+
+    with tempfile.TemporaryDirectory(prefix="ftjob-bench-") as tmp:
+        work = Path(tmp)
+        model = str(materialise_model("tiny-llama", work / "models", 42))
+        data = write_data(work, Path(model))
+        rows: list[tuple[str, dict[str, float], dict[str, float] | None]] = []
+        for packing in (False, True):
+            job = _job(
+                f"ours-pack{int(packing)}", model, str(data["alpaca"]), "alpaca", args.steps, args.micro, 128, packing
+            )
+            ours = run_ours(work, job)
+            theirs = None if args.skip_trl else run_trl(work, model, data["trl"], job)
+            rows.append((f"reverse-words, packing {'on' if packing else 'off'}", ours, theirs))
+        skew = {
+            p: run_ours(
+                work, _job(f"skew-pack{int(p)}", model, str(data["skewed"]), "text", args.steps, args.micro, 256, p)
+            )
+            for p in (False, True)
+        }
+    print(f"\n{'case':32} {'ftjob tok/s':>12} {'TRL tok/s':>10} {'ratio':>6} {'ftjob loss':>10} {'TRL loss':>9}")
+    for name, ours, theirs in rows:
+        if theirs:
+            print(
+                f"{name:32} {ours['tokens_per_s']:12.0f} {theirs['tokens_per_s']:10.0f} "
+                f"{ours['tokens_per_s'] / theirs['tokens_per_s']:6.2f} "
+                f"{ours['final_loss']:10.4f} {theirs['final_loss']:9.4f}"
+            )
+        else:
+            print(f"{name:32} {ours['tokens_per_s']:12.0f} {'-':>10} {'-':>6} {ours['final_loss']:10.4f}")
+    ratio = skew[True]["tokens_per_s"] / skew[False]["tokens_per_s"]
+    print(
+        f"\nskewed lengths (text, maxSeqLength 256): packing off {skew[False]['tokens_per_s']:.0f} tok/s, "
+        f"on {skew[True]['tokens_per_s']:.0f} tok/s, ratio {ratio:.2f}x"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

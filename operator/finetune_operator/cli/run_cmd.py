@@ -1,0 +1,85 @@
+"""`ftjob run FILE`: train a FineTuneJob on this machine, through the pod entrypoint's code path.
+
+It plans the job, renders the same config files the operator mounts in pods, with a
+hostfile that puts every rank (numNodes x ranks per node) on localhost, then calls the
+entrypoint: the ranks are started by the DeepSpeed launcher exactly as in a pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from ..plan import choose_plan
+from ..render.config_files import HOSTFILE, config_files
+from .manifests import load_one
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="YAML file with one FineTuneJob")
+    parser.add_argument("--output", metavar="DIR", help="output folder (default: output.uri as a local path)")
+    parser.add_argument("--master-port", type=int, default=29500, help="rendezvous port on 127.0.0.1")
+    parser.add_argument("--keep-config", metavar="DIR", help="render the config into DIR and keep it")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    job = load_one(args.file)
+    plan = choose_plan(job.spec)
+    world = job.spec.resources.world_size
+    files = config_files(job, plan, hostfile=f"localhost slots={world}\n")
+    if args.output:
+        os.environ["FTJOB_OUTPUT_DIR"] = str(Path(args.output).resolve())
+    elif not job.spec.output.uri.startswith("/"):
+        print(f"output.uri is {job.spec.output.uri} (a volume in the cluster): pass --output DIR", file=sys.stderr)
+        return 2
+    os.environ["NODE_RANK"] = "0"
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(args.master_port)
+    os.environ.setdefault("FTJOB_TERMINATION_LOG", os.devnull)
+    print(
+        f"{job.name}: {job.spec.method.type} on {job.spec.model.uri}, {world} rank(s) on this machine, "
+        f"ZeRO-{plan.zero_stage}, micro-batch {plan.micro_batch_size} x accumulation "
+        f"{plan.gradient_accumulation_steps}",
+        file=sys.stderr,
+    )
+    from finetune_trainer.launch import train
+
+    with tempfile.TemporaryDirectory(prefix="ftjob-config-") as tmp:
+        config_dir = Path(args.keep_config) if args.keep_config else Path(tmp)
+        config_dir.mkdir(parents=True, exist_ok=True)
+        for name, content in files.items():
+            (config_dir / name).write_text(content)
+        assert (config_dir / HOSTFILE).exists()
+        result = train(config_dir, progress=not args.no_progress, idle_when_done=False)
+    if result.summary is None:
+        print(f"failed: {result.message}", file=sys.stderr)
+        return result.exit_code
+    if result.message == "already completed":
+        print("the output folder holds a completed run (COMPLETED.json); nothing to do", file=sys.stderr)
+    print(_format_summary(result.summary), file=sys.stderr)
+    print(json.dumps(result.summary, sort_keys=True))
+    return result.exit_code
+
+
+def _format_summary(summary: dict[str, object]) -> str:
+    def num(key: str, spec: str) -> str:
+        value = summary.get(key)
+        return format(value, spec) if isinstance(value, (int, float)) else "n/a"
+
+    lines = [
+        f"steps {summary.get('steps')}, tokens {summary.get('tokens')}, wall {num('wallSeconds', '.1f')} s",
+        f"train loss (last step) {num('finalLoss', '.4f')}",
+        f"eval loss {num('evalLossBefore', '.4f')} -> {num('evalLoss', '.4f')}",
+    ]
+    if "exactMatch" in summary:
+        lines.append(f"exact match {num('exactMatchBefore', '.1%')} -> {num('exactMatch', '.1%')}")
+    where = summary.get("adapterUri") or summary.get("modelUri")
+    lines.append(f"saved to {where}")
+    if summary.get("mergedModelUri"):
+        lines.append(f"merged model: {summary['mergedModelUri']}")
+    return "\n".join(lines)

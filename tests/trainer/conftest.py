@@ -1,0 +1,212 @@
+"""Shared fixtures of the trainer tier: a tiny local model, datasets, and a way to run ranks.
+
+Multi-rank tests start the real pod entrypoint (`ftjob train --config DIR`) as a
+subprocess, which runs the real DeepSpeed launcher and gloo ranks on this CPU. Every
+run gets its own free rendezvous port and its own output and termination-log paths.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, 64-wide Llama with the demo tokenizer, saved like any local model."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from finetune_trainer.builtin import build_tokenizer
+
+    path = tmp_path_factory.mktemp("models") / "tiny"
+    tok = build_tokenizer(512)
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return path
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def reverse_jsonl(tmp_path: Path) -> Path:
+    from finetune_trainer.builtin import reverse_words_records
+
+    rows = [{k: r[k] for k in ("instruction", "input", "output")} for r in reverse_words_records(200, seed=7)]
+    return write_jsonl(tmp_path / "reverse.jsonl", rows)
+
+
+def job_manifest(model_uri: str, dataset_uri: str, output_uri: str, **spec: Any) -> dict[str, Any]:
+    """A FineTuneJob manifest with small defaults; `spec` entries replace top-level spec keys."""
+    base: dict[str, Any] = {
+        "model": {"uri": model_uri},
+        "dataset": {"uri": dataset_uri, "format": "alpaca", "maxSeqLength": 64, "validationSplit": 0.05},
+        "method": {"type": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}},
+        "training": {
+            "maxSteps": 4,
+            "microBatchSize": 2,
+            "globalBatchSize": 4,
+            "learningRate": 0.001,
+            "checkpointEverySteps": 100,
+            "precision": "fp32",
+            "warmupRatio": 0.0,
+        },
+        "resources": {"numNodes": 2, "gpusPerNode": 0},
+        "deepspeed": {"zeroStage": 2},
+        "output": {"uri": output_uri},
+    }
+    for key, value in spec.items():
+        merge = isinstance(value, dict) and key != "method"  # a method block replaces the default one
+        base[key] = {**base.get(key, {}), **value} if merge else value
+    return {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {"name": "t"}, "spec": base}
+
+
+def render_config(directory: Path, manifest: dict[str, Any], hostfile: str | None = None) -> Path:
+    """The operator's config files, under the fixed plan: the tests pin their strategy explicitly."""
+    from finetune_operator.api.job import FineTuneJob
+    from finetune_operator.plan import fixed_plan
+    from finetune_operator.render.config_files import config_files
+
+    job = FineTuneJob.from_manifest(manifest)
+    world = job.spec.resources.world_size
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, content in config_files(job, fixed_plan(job.spec), hostfile or f"localhost slots={world}\n").items():
+        (directory / name).write_text(content)
+    return directory
+
+
+@dataclass
+class Run:
+    proc: subprocess.Popen[str]
+    output: Path
+    termination_log: Path
+    log_file: Path
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def termination(self) -> str:
+        return self.termination_log.read_text() if self.termination_log.exists() else ""
+
+    def summary(self) -> dict[str, Any]:
+        return dict(json.loads(self.termination()))
+
+    def log(self) -> str:
+        return self.log_file.read_text() if self.log_file.exists() else ""
+
+    def train_log(self) -> list[dict[str, Any]]:
+        path = self.output / "train_log.jsonl"
+        return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+    def losses(self) -> dict[int, float]:
+        """Loss per step; the last record of a step wins (a resumed run rewrites the steps it redoes)."""
+        return {e["step"]: e["loss"] for e in self.train_log() if "loss" in e}
+
+
+def start_train(
+    config_dir: Path, output: Path, *, env: dict[str, str] | None = None, port: int | None = None, tag: str = "run"
+) -> Run:
+    """Start `ftjob train --config DIR` in its own process group."""
+    termination = output.parent / f"{output.name}-{tag}-termination-log"
+    log_file = output.parent / f"{output.name}-{tag}.log"
+    full_env = dict(os.environ)
+    full_env.update(
+        {
+            "FTJOB_OUTPUT_DIR": str(output),
+            "FTJOB_TERMINATION_LOG": str(termination),
+            "FTJOB_METRICS_PORT": "off",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port or free_port()),
+            "NODE_RANK": "0",
+            "DS_ACCELERATOR": "cpu",
+            "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONWARNINGS": "ignore",
+            "FTJOB_DIST_TIMEOUT_MINUTES": "3",
+        }
+    )
+    full_env.update(env or {})
+    with log_file.open("w") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "finetune_operator.cli.main", "train", "--config", str(config_dir)],
+            env=full_env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            cwd=REPO,
+        )
+    return Run(proc, output, termination, log_file)
+
+
+@pytest.fixture
+def runs() -> Iterator[list[Run]]:
+    """Collects started runs and kills any left running when the test ends."""
+    started: list[Run] = []
+    yield started
+    for run in started:
+        run.kill()
+
+
+@pytest.fixture
+def launch(runs: list[Run]) -> Callable[..., Run]:
+    def _launch(config_dir: Path, output: Path, **kwargs: Any) -> Run:
+        run = start_train(config_dir, output, **kwargs)
+        runs.append(run)
+        return run
+
+    return _launch
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

@@ -1,0 +1,266 @@
+"""Fast tests of the data pipeline, schedule, paths and outcome messages (no ranks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from finetune_trainer import builtin, outcome
+from finetune_trainer.data.batching import EpochSampler, collate, pack, unpacked
+from finetune_trainer.data.formats import IGNORE_INDEX, Sample, tokenize_record
+from finetune_trainer.data.loading import DataError, load_samples
+from finetune_trainer.loop import split_validation
+from finetune_trainer.paths import resolve_uri
+from finetune_trainer.schedule import lr_lambda
+
+from .conftest import write_jsonl
+
+pytestmark = [pytest.mark.trainer, pytest.mark.timeout(60)]
+
+
+@pytest.fixture(scope="module")
+def tok():  # type: ignore[no-untyped-def]
+    return builtin.build_tokenizer(512)
+
+
+def _trained_text(tok, sample: Sample) -> str:  # type: ignore[no-untyped-def]
+    return str(tok.decode([i for i, lab in zip(sample.input_ids, sample.labels, strict=True) if lab != IGNORE_INDEX]))
+
+
+def test_alpaca_trains_only_on_the_response(tok) -> None:  # type: ignore[no-untyped-def]
+    sample = tokenize_record(
+        {"instruction": "Reverse the order of the words.", "input": "red fox", "output": "fox red"}, "alpaca", tok, 256
+    )
+    assert sample is not None
+    assert sample.input_ids[0] == tok.bos_token_id and sample.labels[0] == IGNORE_INDEX
+    assert _trained_text(tok, sample).replace("</s>", "").strip() == "fox red"
+    assert sample.input_ids[-1] == tok.eos_token_id and sample.labels[-1] == tok.eos_token_id
+
+
+@pytest.mark.parametrize(
+    ("fmt", "record"),
+    [
+        (
+            "messages",
+            {
+                "messages": [
+                    {"role": "user", "content": "red fox"},
+                    {"role": "assistant", "content": "fox red"},
+                    {"role": "user", "content": "one two"},
+                    {"role": "assistant", "content": "two one"},
+                ]
+            },
+        ),
+        (
+            "sharegpt",
+            {
+                "conversations": [
+                    {"from": "human", "value": "red fox"},
+                    {"from": "gpt", "value": "fox red"},
+                    {"from": "human", "value": "one two"},
+                    {"from": "gpt", "value": "two one"},
+                ]
+            },
+        ),
+    ],
+)
+def test_chat_formats_train_on_every_assistant_turn_only(tok, fmt: str, record: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+    sample = tokenize_record(record, fmt, tok, 256)
+    assert sample is not None
+    trained = _trained_text(tok, sample)
+    assert "fox red" in trained and "two one" in trained
+    assert "red fox" not in trained and "one two" not in trained and "user" not in trained
+
+
+def test_text_format_trains_on_everything_but_bos(tok) -> None:  # type: ignore[no-untyped-def]
+    sample = tokenize_record({"text": "red fox blue"}, "text", tok, 256)
+    assert sample is not None
+    assert sample.labels[0] == IGNORE_INDEX and all(x != IGNORE_INDEX for x in sample.labels[1:])
+
+
+def test_truncation_keeps_max_len(tok) -> None:  # type: ignore[no-untyped-def]
+    sample = tokenize_record({"text": " ".join(builtin.WORDS * 4)}, "text", tok, 16)
+    assert sample is not None and len(sample.input_ids) == 16
+
+
+def test_malformed_line_fails_with_file_and_line(tmp_path: Path, tok) -> None:  # type: ignore[no-untyped-def]
+    path = write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"instruction": "i", "output": "o"},
+            {"instruction": "i", "output": "o"},
+            "{not json",
+            {"instruction": "i"},
+        ],
+    )
+    with pytest.raises(DataError, match=rf"{path}:3: malformed alpaca record: not valid JSON"):
+        load_samples(str(path), "alpaca", tok, 64, skip_malformed=False)
+
+
+def test_malformed_lines_skipped_and_counted(tmp_path: Path, tok) -> None:  # type: ignore[no-untyped-def]
+    path = write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"instruction": "i", "output": "o"},
+            "{not json",
+            {"instruction": "i"},
+            [1, 2],
+            {"instruction": "i", "output": "p"},
+        ],
+    )
+    loaded = load_samples(str(path), "alpaca", tok, 64, skip_malformed=True)
+    assert len(loaded.samples) == 2 and loaded.malformed == 3
+    assert loaded.first_problem is not None and f"{path}:2:" in loaded.first_problem
+
+
+def test_missing_field_message_names_the_field(tmp_path: Path, tok) -> None:  # type: ignore[no-untyped-def]
+    path = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "i"}])
+    with pytest.raises(DataError, match=r"d.jsonl:1: .*missing field 'output'"):
+        load_samples(str(path), "alpaca", tok, 64, skip_malformed=False)
+
+
+def test_folder_json_and_parquet(tmp_path: Path, tok) -> None:  # type: ignore[no-untyped-def]
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "a.json").write_text(json.dumps([{"text": "red fox"}, {"text": "blue owl"}]))
+    pq.write_table(pa.Table.from_pylist([{"text": "cat dog"}]), folder / "b.parquet")
+    write_jsonl(folder / "c.jsonl", [{"text": "sun moon"}])
+    loaded = load_samples(str(folder), "text", tok, 64, skip_malformed=False)
+    assert len(loaded.samples) == 4
+
+
+def _samples(lengths: list[int]) -> list[Sample]:
+    return [Sample(tuple(range(1, n + 1)), tuple([IGNORE_INDEX, *range(2, n + 1)])) for n in lengths]
+
+
+def test_packing_restarts_positions_and_never_splits_samples() -> None:
+    rows = pack(_samples([5, 3, 7, 2, 6]), max_len=10)
+    assert sorted(n for r in rows for n in r.lengths) == [2, 3, 5, 6, 7]
+    assert all(len(r) <= 10 for r in rows)
+    batch = collate(rows, pad_id=0, explicit_mask=True)
+    first = rows[0]
+    positions = batch["position_ids"][0].tolist()
+    start = 0
+    for length in first.lengths:
+        assert positions[start : start + length] == list(range(length))
+        assert batch["labels"][0, start].item() == IGNORE_INDEX
+        start += length
+    assert batch["useful_tokens"] == 23 and batch["samples"] == 5
+
+
+def test_packed_mask_is_block_diagonal_causal() -> None:
+    rows = pack(_samples([3, 2]), max_len=8)
+    assert len(rows) == 1
+    mask = collate(rows, pad_id=0, explicit_mask=True)["attention_mask"][0, 0]
+    expected = [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [0, 0, 0, 1, 0],
+        [0, 0, 0, 1, 1],
+    ]
+    assert mask.int().tolist() == expected
+
+
+def test_unpacked_batches_are_right_padded_with_2d_mask() -> None:
+    batch = collate(unpacked(_samples([4, 2])), pad_id=0, explicit_mask=True)
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
+    assert batch["labels"][1, 2:].tolist() == [IGNORE_INDEX, IGNORE_INDEX]
+    assert batch["useful_tokens"] == 6
+
+
+def test_sampler_is_a_pure_function_of_the_step_and_disjoint_across_ranks() -> None:
+    sampler = EpochSampler(size=50, world=2, micro=2, accumulation=3, seed=5)
+    assert sampler.steps_per_epoch == 4
+    epoch0 = [i for step in range(4) for r in range(2) for mb in sampler.micro_batches(step, r) for i in mb]
+    assert len(epoch0) == len(set(epoch0)) == 48
+    again = EpochSampler(size=50, world=2, micro=2, accumulation=3, seed=5)
+    assert again.micro_batches(6, 1) == sampler.micro_batches(6, 1)
+    assert sampler.permutation(0) != sampler.permutation(1)
+    assert sampler.position(6) == {"epoch": 1, "step_in_epoch": 2, "sample_offset": 24}
+
+
+def test_validation_split_is_deterministic_and_disjoint() -> None:
+    train, val = split_validation(100, 0.05, seed=3)
+    assert (train, val) == split_validation(100, 0.05, seed=3)
+    assert len(val) == 5 and not set(train) & set(val) and len(train) + len(val) == 100
+    assert split_validation(10, 0.0, seed=3)[1] == []
+
+
+@pytest.mark.parametrize(("kind", "end"), [("cosine", 0.0), ("linear", 0.0), ("constant", 1.0)])
+def test_lr_schedule_warms_up_then_decays(kind: str, end: float) -> None:
+    f = lr_lambda(kind, warmup_steps=4, total_steps=20)
+    assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert f(20) == pytest.approx(end)
+    assert f(12) <= 1.0
+
+
+def test_resolve_uri(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert resolve_uri("pvc://ftjob-output/tiny-cpu") == "/mnt/pvc/ftjob-output/tiny-cpu"
+    monkeypatch.setenv("FTJOB_PVC_ROOT", "/x")
+    assert resolve_uri("pvc://claim") == "/x/claim"
+    assert resolve_uri("/data/a.jsonl") == "/data/a.jsonl"
+    assert resolve_uri("file:///data/a") == "/data/a"
+    assert resolve_uri("meta-llama/Llama-3.1-8B") is None
+    assert resolve_uri("builtin://tiny-llama") == "builtin://tiny-llama"
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), "OutOfMemory"),
+        (RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"), "OutOfMemory"),
+        (MemoryError(), "OutOfMemory"),
+        (DataError("/d.jsonl:3: malformed"), "DataError"),
+        (ValueError("boom"), "TrainingError"),
+    ],
+)
+def test_failure_lines_name_the_reason(error: BaseException, reason: str) -> None:
+    line = outcome.failure_line(error, rank=3)
+    assert line.startswith(reason + ": ") and line.endswith("(rank 3)") and "\n" not in line
+
+
+def test_torch_oom_error_is_out_of_memory() -> None:
+    import torch
+
+    assert outcome.classify(torch.OutOfMemoryError("CUDA error")) == "OutOfMemory"
+
+
+def test_sigkilled_rank_reads_as_killed_not_as_oom() -> None:
+    for code in (-9, 137, 247):
+        line, exit_code = outcome.launcher_failure_line(code, node_rank=1)
+        assert line.startswith("RankKilled:") and exit_code == 137
+        assert not outcome.is_oom_text(line)
+    assert outcome.launcher_failure_line(1, 0) == (
+        "TrainingError: the DeepSpeed launcher on node 0 exited with code 1",
+        1,
+    )
+
+
+def test_root_cause_prefers_oom_then_silent_ranks_then_real_errors(tmp_path: Path) -> None:
+    for rank in (0, 1, 2):
+        outcome.mark_rank(tmp_path, rank, "started")
+    outcome.write_rank_failure(tmp_path, 1, "TrainingError: RuntimeError: Connection closed by peer (rank 1)")
+    outcome.write_rank_failure(tmp_path, 2, "Terminated: stopped by SIGTERM (rank 2)")
+    line, code = outcome.root_cause(tmp_path, node_rank=0) or ("", 0)
+    assert line.startswith("RankKilled: rank 0 on node 0 died without an error message") and code == 137
+    outcome.write_rank_failure(tmp_path, 0, "DataError: /d.jsonl:3: malformed (rank 0)")
+    assert outcome.root_cause(tmp_path, 0) == ("DataError: /d.jsonl:3: malformed (rank 0)", 1)
+    outcome.write_rank_failure(tmp_path, 2, "OutOfMemory: CUDA out of memory (rank 2)")
+    assert outcome.root_cause(tmp_path, 0) == ("OutOfMemory: CUDA out of memory (rank 2)", 1)
+
+
+def test_root_cause_is_none_without_traces(tmp_path: Path) -> None:
+    assert outcome.root_cause(tmp_path, 0) is None
+
+
+def test_builtin_dataset_is_deterministic() -> None:
+    a = builtin.reverse_words_records(10, seed=1)
+    assert a == builtin.reverse_words_records(10, seed=1)
+    assert all(r["output"].split() == list(reversed(r["input"].split())) for r in a)

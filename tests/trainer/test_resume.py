@@ -1,0 +1,143 @@
+"""Resume equivalence: a run SIGKILLed mid-epoch (or mid-save) and resumed matches an uninterrupted one.
+
+Two gloo ranks, ZeRO-2 (optimizer states sharded per rank), gradient accumulation 2 and
+LoRA dropout on, so the test covers the engine, optimizer shards, LR scheduler, data
+position and per-rank RNG state. Losses of every step after the resume point and the
+final adapter must agree within a tight tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Run, job_manifest, render_config, start_train, wait_for
+
+pytestmark = [pytest.mark.trainer, pytest.mark.slow]
+
+STEPS = 10
+CHECKPOINT_EVERY = 3
+TOLERANCE = 1e-5
+
+
+def _manifest(model: Path, data: Path) -> dict[str, Any]:
+    return job_manifest(
+        str(model),
+        str(data),
+        "/out",
+        method={"type": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.1}},
+        training={
+            "maxSteps": STEPS,
+            "microBatchSize": 2,
+            "globalBatchSize": 8,
+            "checkpointEverySteps": CHECKPOINT_EVERY,
+            "checkpointsToKeep": 2,
+            "learningRate": 0.005,
+            "warmupRatio": 0.2,
+        },
+    )
+
+
+def _adapter(out: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return dict(load_file(out / "adapter" / "adapter_model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def reference(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+) -> tuple[dict[int, float], dict[str, Any], Path]:
+    """The uninterrupted run (module-scoped: both scenarios compare against it)."""
+    from finetune_trainer.builtin import reverse_words_records
+
+    from .conftest import write_jsonl
+
+    root = tmp_path_factory.mktemp("reference")
+    rows = [{k: r[k] for k in ("instruction", "input", "output")} for r in reverse_words_records(200, seed=7)]
+    data = write_jsonl(root / "data.jsonl", rows)
+    run = start_train(render_config(root / "config", _manifest(tiny_model_dir, data)), root / "out")
+    try:
+        assert run.wait(240) == 0, run.log()[-3000:]
+    finally:
+        run.kill()
+    return run.losses(), _adapter(root / "out"), data
+
+
+def _assert_equivalent(resumed: Run, reference: tuple[dict[int, float], dict[str, Any], Path], first: int) -> None:
+    ref_losses, ref_adapter, _ = reference
+    losses = resumed.losses()
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for step in range(first, STEPS + 1):
+        assert losses[step] == pytest.approx(ref_losses[step], rel=TOLERANCE, abs=TOLERANCE), f"step {step}"
+    adapter = _adapter(resumed.output)
+    assert adapter.keys() == ref_adapter.keys()
+    for key, tensor in adapter.items():
+        assert float((tensor - ref_adapter[key]).abs().max()) <= TOLERANCE, key
+
+
+def _resume_point(run_log: list[dict[str, Any]]) -> int:
+    return max(int(e["step"]) for e in run_log if "loss" in e)
+
+
+@pytest.mark.timeout(600)
+def test_sigkill_mid_epoch_then_resume_matches(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    reference: tuple[dict[int, float], dict[str, Any], Path],
+    launch: Callable[..., Run],
+) -> None:
+    config = render_config(tmp_path / "config", _manifest(tiny_model_dir, reference[2]))
+    out = tmp_path / "out"
+    first = launch(config, out, tag="first")
+    assert wait_for(
+        lambda: (
+            any(e.get("step", 0) >= CHECKPOINT_EVERY + 1 and "loss" in e for e in first.train_log())
+            or first.proc.poll() is not None
+        ),
+        timeout=240,
+    )
+    os.killpg(first.proc.pid, signal.SIGKILL)  # the whole pod dies at once
+    first.proc.wait()
+    assert not (out / "COMPLETED.json").exists(), "the run finished before it could be killed"
+    killed_at = _resume_point(first.train_log())
+    saved = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
+    assert saved, "no checkpoint before the kill"
+    resume_from = int(saved[-1].split("-")[1])
+    assert resume_from < killed_at < STEPS
+
+    second = launch(config, out, tag="second")
+    assert second.wait(240) == 0, second.log()[-3000:]
+    assert f"resumed from {out / 'checkpoints' / saved[-1]}" in second.log()
+    assert json.loads(second.termination())["steps"] == STEPS
+    _assert_equivalent(second, reference, resume_from + 1)
+
+
+@pytest.mark.timeout(600)
+def test_sigkill_during_save_keeps_previous_checkpoint(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    reference: tuple[dict[int, float], dict[str, Any], Path],
+    launch: Callable[..., Run],
+) -> None:
+    config = render_config(tmp_path / "config", _manifest(tiny_model_dir, reference[2]))
+    out = tmp_path / "out"
+    kill_step = 2 * CHECKPOINT_EVERY
+    first = launch(config, out, tag="first", env={"FTJOB_FAULT_KILL": f"save:{kill_step}"})
+    code = first.wait(240)
+    assert code == 137, first.log()[-3000:]
+    assert first.termination().startswith("RankKilled: "), first.termination()
+    leftovers = [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith(".tmp-")]
+    assert leftovers == [f".tmp-step-{kill_step:08d}"]
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == [f"step-{CHECKPOINT_EVERY:08d}"]
+
+    second = launch(config, out, tag="second")
+    assert second.wait(240) == 0, second.log()[-3000:]
+    assert "removed incomplete checkpoints" in second.log()
+    _assert_equivalent(second, reference, CHECKPOINT_EVERY + 1)

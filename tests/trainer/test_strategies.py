@@ -1,0 +1,78 @@
+"""Two real gloo ranks under every ZeRO stage (with optimizer offload from stage 1) for each method."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Run, job_manifest, render_config
+
+pytestmark = [pytest.mark.trainer, pytest.mark.slow]
+
+STRATEGIES = [
+    {"zeroStage": 0, "offloadOptimizer": "none"},
+    {"zeroStage": 1, "offloadOptimizer": "cpu"},
+    {"zeroStage": 2, "offloadOptimizer": "cpu"},
+    {"zeroStage": 3, "offloadOptimizer": "cpu", "offloadParams": "cpu"},
+]
+METHODS = {
+    "lora": {"type": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}},
+    "qlora": {"type": "qlora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "qlora": {"quantType": "nf4"}},
+    "full": {"type": "full"},
+}
+
+
+def _adapter_tensors(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    assert files, f"no safetensors in {folder}"
+    out: dict[str, Any] = {}
+    for f in files:
+        out.update(load_file(f))
+    return out
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: f"zero{s['zeroStage']}-{s['offloadOptimizer']}")
+def test_two_ranks_train_and_save(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    reverse_jsonl: Path,
+    launch: Callable[..., Run],
+    method: str,
+    strategy: dict[str, object],
+) -> None:
+    import torch
+
+    precision = "bf16" if method == "qlora" else "fp32"  # qlora needs a 16-bit job; CPU computes in fp32
+    manifest = job_manifest(
+        str(tiny_model_dir),
+        str(reverse_jsonl),
+        "/out",
+        method=METHODS[method],
+        deepspeed=strategy,
+        training={"maxSteps": 3, "precision": precision, "learningRate": 0.01},
+    )
+    out = tmp_path / "out"
+    run = launch(render_config(tmp_path / "config", manifest), out)
+    assert run.wait(220) == 0, run.log()[-3000:]
+    summary = run.summary()
+    assert summary["steps"] == 3 and summary["tokens"] > 0
+    losses = run.losses()
+    assert sorted(losses) == [1, 2, 3] and all(torch.isfinite(torch.tensor(v)) for v in losses.values())
+    folder = out / ("model" if method == "full" else "adapter")
+    tensors = _adapter_tensors(folder)
+    assert all(bool(torch.isfinite(t).all()) for t in tensors.values())
+    if method == "full":
+        assert any("layers.0.mlp.down_proj" in k for k in tensors)
+        assert (folder / "config.json").exists()
+    else:
+        lora_b = [t for k, t in tensors.items() if "lora_B" in k]
+        assert lora_b and any(float(t.abs().sum()) > 0 for t in lora_b)
+        assert (folder / "adapter_config.json").exists()
+    assert (out / "COMPLETED.json").exists()

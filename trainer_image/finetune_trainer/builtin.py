@@ -1,0 +1,179 @@
+"""The embedded demo: a task, a tokenizer and a tiny Llama, all generated in code.
+
+Nothing here is downloaded. `builtin://tiny-llama` resolves to a randomly initialised
+Llama-shaped model whose shape comes from the planner's catalogue entry (so planner and
+trainer agree), with a BPE tokenizer trained on the fly by `tokenizers`.
+`builtin://reverse-words` is an instruction dataset (alpaca layout) asking to reverse a
+short list of words: easy enough for the tiny model to learn visibly within minutes on
+CPU, and checkable by exact match. Everything is a pure function of the seed, so every
+rank of every pod builds the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+BUILTIN_PREFIX = "builtin://"
+TINY_LLAMA = "tiny-llama"
+REVERSE_WORDS = "reverse-words"
+DATASETS = (REVERSE_WORDS,)
+MODELS = (TINY_LLAMA,)
+
+WORDS = [
+    "red",
+    "blue",
+    "green",
+    "black",
+    "white",
+    "gold",
+    "pink",
+    "gray",
+    "cat",
+    "dog",
+    "fox",
+    "owl",
+    "bee",
+    "ant",
+    "cow",
+    "pig",
+    "sun",
+    "moon",
+    "star",
+    "rain",
+    "snow",
+    "wind",
+    "fire",
+    "ice",
+    "one",
+    "two",
+    "six",
+    "ten",
+    "big",
+    "old",
+    "new",
+    "hot",
+]
+"""Distinct words; the tokenizer learns each as one token, so answers are short."""
+
+INSTRUCTION = "Reverse the order of the words."
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}"
+    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+"""A minimal chat template so the `messages` format also works with the demo tokenizer."""
+
+DEFAULT_DATASET_SIZE = 4000
+
+
+def is_builtin(uri: str) -> bool:
+    return uri.startswith(BUILTIN_PREFIX)
+
+
+def builtin_name(uri: str) -> str:
+    return uri[len(BUILTIN_PREFIX) :]
+
+
+def reverse_words_records(count: int = DEFAULT_DATASET_SIZE, seed: int = 1234) -> list[dict[str, Any]]:
+    """Records readable as `alpaca` and as `messages`: 3 to 5 words, answered in reverse order."""
+    rng = random.Random(seed)
+    records: list[dict[str, Any]] = []
+    for _ in range(count):
+        words = rng.choices(WORDS, k=rng.randint(3, 5))
+        text, answer = " ".join(words), " ".join(reversed(words))
+        records.append(
+            {
+                "instruction": INSTRUCTION,
+                "input": text,
+                "output": answer,
+                "messages": [{"role": "user", "content": text}, {"role": "assistant", "content": answer}],
+            }
+        )
+    return records
+
+
+def builtin_records(name: str, seed: int = 1234) -> list[dict[str, Any]]:
+    if name == REVERSE_WORDS:
+        return list(reverse_words_records(seed=seed))
+    raise FileNotFoundError(f"builtin://{name}: unknown built-in dataset (known: {', '.join(DATASETS)})")
+
+
+def _catalogue_config() -> dict[str, Any]:
+    text = resources.files("finetune_operator.plan.catalogue").joinpath("tiny-llama.json").read_text()
+    return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+
+
+def _tokenizer_corpus() -> list[str]:
+    from .data.formats import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT
+
+    lines = [" ".join(WORDS)] * 50
+    lines += [ALPACA_PROMPT.format(instruction=INSTRUCTION, input="a b", output="c")] * 20
+    lines += [ALPACA_PROMPT_NO_INPUT.format(instruction=INSTRUCTION)] * 20
+    lines += ["<|user|>\n<|assistant|>\n<|system|>\n"] * 20
+    lines += [f"{w} " * 3 for w in WORDS] * 10
+    lines += ["the quick brown fox jumps over the lazy dog 0123456789 .,:;!?'\"()[]{}-+*/=#"] * 5
+    return lines
+
+
+def build_tokenizer(vocab_size: int) -> Any:
+    """A BPE tokenizer (Metaspace, so decoding round-trips) as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    alphabet = sorted({c for line in _tokenizer_corpus() for c in line.replace(" ", "▁")})
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), initial_alphabet=alphabet, show_progress=False
+    )
+    tok.train_from_iterator(_tokenizer_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_llama(directory: Path, seed: int) -> Path:
+    """Write the demo model and tokenizer (random init from `seed`) to `directory`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fields = _catalogue_config()
+    fields.pop("architectures", None)
+    fields.pop("torch_dtype", None)
+    config = LlamaConfig(**fields)
+    tokenizer = build_tokenizer(config.vocab_size)
+    assert tokenizer.pad_token_id == config.pad_token_id and tokenizer.eos_token_id == config.eos_token_id
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.rename(directory)
+    except OSError:
+        if not (directory / "config.json").exists():  # another rank won the race: fine
+            raise
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+def materialise_model(name: str, cache_root: Path, seed: int) -> Path:
+    """Path of a built-in model, generating it once per cache directory."""
+    if name != TINY_LLAMA:
+        raise FileNotFoundError(f"builtin://{name}: unknown built-in model (known: {', '.join(MODELS)})")
+    directory = cache_root / f"{name}-seed{seed}"
+    if (directory / "config.json").exists():
+        return directory
+    cache_root.mkdir(parents=True, exist_ok=True)
+    return build_tiny_llama(directory, seed)

@@ -1,0 +1,1 @@
+"""The data pipeline: records → tokenised samples → (packed) sequences → micro-batches."""

@@ -1,0 +1,142 @@
+"""Sequences, packing and micro-batches.
+
+Packing puts several samples into one sequence without letting them see each other:
+position ids restart at 0 for every sample, and on CPU (or without flash-attention) an
+explicit block-diagonal causal mask is built; on GPU with flash-attention the position
+ids alone select the varlen kernel. Without packing, batches are right-padded.
+Padding tokens never count as "useful" tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .formats import IGNORE_INDEX, Sample
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a batch: one sample, or several packed ones."""
+
+    input_ids: tuple[int, ...]
+    labels: tuple[int, ...]
+    lengths: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def unpacked(samples: Sequence[Sample]) -> list[Row]:
+    return [Row(s.input_ids, s.labels, (len(s.input_ids),)) for s in samples]
+
+
+def pack(samples: Sequence[Sample], max_len: int) -> list[Row]:
+    """Greedy first-fit packing in sample order (deterministic; samples are never split)."""
+    bins: list[list[Sample]] = []
+    room: list[int] = []
+    for sample in samples:
+        size = len(sample.input_ids)
+        for index, free in enumerate(room):
+            if size <= free:
+                bins[index].append(sample)
+                room[index] -= size
+                break
+        else:
+            bins.append([sample])
+            room.append(max_len - size)
+    out: list[Row] = []
+    for group in bins:
+        ids: list[int] = []
+        labels: list[int] = []
+        for sample in group:
+            ids.extend(sample.input_ids)
+            labels.extend([IGNORE_INDEX, *sample.labels[1:]])
+        out.append(Row(tuple(ids), tuple(labels), tuple(len(s.input_ids) for s in group)))
+    return out
+
+
+def collate(rows: Sequence[Row], pad_id: int, explicit_mask: bool) -> dict[str, Any]:
+    """Tensors for one micro-batch.
+
+    `explicit_mask` builds a 4D boolean mask (True = may attend) that is causal within each
+    packed sample; padding attends only to padding, so no softmax row is empty.
+    Without it, packed rows rely on restarting `position_ids` (flash-attention varlen).
+    """
+    import torch
+
+    width = max(len(r) for r in rows)
+    batch = len(rows)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    labels = torch.full((batch, width), IGNORE_INDEX, dtype=torch.long)
+    position_ids = torch.zeros((batch, width), dtype=torch.long)
+    segment = torch.full((batch, width), -1, dtype=torch.long)
+    for i, row in enumerate(rows):
+        n = len(row)
+        input_ids[i, :n] = torch.tensor(row.input_ids)
+        labels[i, :n] = torch.tensor(row.labels)
+        start = 0
+        for k, length in enumerate(row.lengths):
+            position_ids[i, start : start + length] = torch.arange(length)
+            segment[i, start : start + length] = k
+            start += length
+        if n < width:
+            position_ids[i, n:] = torch.arange(width - n)
+    useful = int((segment >= 0).sum())
+    out: dict[str, Any] = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+    packed = any(len(r.lengths) > 1 for r in rows)
+    if packed and explicit_mask:
+        causal = torch.ones((width, width), dtype=torch.bool).tril()
+        same = segment[:, :, None] == segment[:, None, :]
+        out["attention_mask"] = (same & causal)[:, None, :, :]
+    elif not packed:
+        out["attention_mask"] = (segment >= 0).long()
+    return {**out, "useful_tokens": useful, "samples": sum(len(r.lengths) for r in rows)}
+
+
+@dataclass(frozen=True)
+class EpochSampler:
+    """Which sequences each rank reads at each optimizer step: a pure function of the step.
+
+    Every epoch is a permutation seeded by (seed, epoch); an epoch holds `steps_per_epoch`
+    whole optimizer steps (the remainder is dropped). Because the data position is
+    derived from the global step, resuming from a checkpoint continues the exact sample
+    stream without storing an iterator.
+    """
+
+    size: int
+    world: int
+    micro: int
+    accumulation: int
+    seed: int
+
+    @property
+    def per_step(self) -> int:
+        return self.world * self.micro * self.accumulation
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.size // self.per_step
+
+    def permutation(self, epoch: int) -> list[int]:
+        import random
+
+        order = list(range(self.size))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def micro_batches(self, step: int, rank: int) -> list[list[int]]:
+        """Indices of the `accumulation` micro-batches rank `rank` reads for 0-based `step`."""
+        epoch, within = divmod(step, self.steps_per_epoch)
+        order = self.permutation(epoch)
+        base = within * self.per_step
+        out = []
+        for a in range(self.accumulation):
+            start = base + (a * self.world + rank) * self.micro
+            out.append(order[start : start + self.micro])
+        return out
+
+    def position(self, step: int) -> dict[str, int]:
+        epoch, within = divmod(step, self.steps_per_epoch)
+        return {"epoch": epoch, "step_in_epoch": within, "sample_offset": within * self.per_step}

@@ -1,0 +1,131 @@
+"""Reading records from files, folders, a hub id or the built-in demo, with provenance.
+
+Every record keeps the file and line (JSONL), index (JSON array) or row (Parquet) it came
+from, so a malformed one is reported where the user can find it. `onMalformedLine`
+decides whether the first problem stops the run or whether it is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import builtin
+from ..paths import resolve_uri
+from .formats import MalformedRecord, Sample, Tokenizer, tokenize_record
+
+SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+class DataError(RuntimeError):
+    """The dataset cannot be used; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    where: str
+    data: Any
+
+
+@dataclass
+class LoadedData:
+    """Tokenised samples in file order, and what was skipped on the way."""
+
+    samples: list[Sample] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    malformed: int = 0
+    empty: int = 0
+    first_problem: str | None = None
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
+        if not found:
+            raise DataError(f"{path}: folder holds no .jsonl, .json or .parquet files")
+        return found
+    if not path.exists():
+        raise DataError(f"{path}: dataset not found")
+    return [path]
+
+
+def _read_file(path: Path) -> Iterator[RawRecord]:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+        for index, row in enumerate(pq.read_table(path).to_pylist()):
+            yield RawRecord(f"{path}: row {index + 1}", row)
+        return
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+        for index, row in enumerate(rows):
+            yield RawRecord(f"{path}: record {index + 1}", row)
+        return
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield RawRecord(f"{path}:{lineno}", json.loads(line))
+        except json.JSONDecodeError as exc:
+            yield RawRecord(f"{path}:{lineno}", MalformedRecord(f"not valid JSON ({exc.msg} at column {exc.colno})"))
+
+
+def raw_records(uri: str, seed: int = 1234) -> Iterator[RawRecord]:
+    """Records of a dataset URI in a stable order."""
+    if builtin.is_builtin(uri):
+        name = builtin.builtin_name(uri)
+        for index, row in enumerate(builtin.builtin_records(name)):
+            yield RawRecord(f"{uri}#{index}", row)
+        return
+    local = resolve_uri(uri)
+    if local is None:
+        yield from _hub_records(uri)
+        return
+    for path in _files(Path(local)):
+        yield from _read_file(path)
+
+
+def _hub_records(uri: str) -> Iterator[RawRecord]:
+    import datasets
+
+    name = uri.removeprefix("hf://")
+    try:
+        table = datasets.load_dataset(name, split="train")
+    except Exception as exc:  # the library raises many kinds; the message is what matters
+        raise DataError(f"{uri}: cannot load dataset from the hub: {type(exc).__name__}: {exc}") from None
+    for index, row in enumerate(table):
+        yield RawRecord(f"{uri}: row {index + 1}", row)
+
+
+def load_samples(uri: str, fmt: str, tokenizer: Tokenizer, max_len: int, skip_malformed: bool) -> LoadedData:
+    """Tokenise every record; raise DataError on the first malformed one unless skipping."""
+    out = LoadedData()
+    for raw in raw_records(uri):
+        try:
+            if isinstance(raw.data, MalformedRecord):
+                raise raw.data
+            if not isinstance(raw.data, dict):
+                raise MalformedRecord(f"expected a JSON object, got {type(raw.data).__name__}")
+            sample = tokenize_record(raw.data, fmt, tokenizer, max_len)
+        except MalformedRecord as exc:
+            message = f"{raw.where}: malformed {fmt} record: {exc}"
+            if not skip_malformed:
+                raise DataError(message + " (set dataset.onMalformedLine: Skip to skip such records)") from None
+            out.malformed += 1
+            out.first_problem = out.first_problem or message
+            continue
+        if sample is None:
+            out.empty += 1
+            continue
+        out.samples.append(sample)
+        out.records.append(raw.data)
+    if not out.samples:
+        raise DataError(f"{uri}: no usable records (malformed: {out.malformed}, empty after truncation: {out.empty})")
+    return out

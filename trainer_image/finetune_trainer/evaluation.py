@@ -1,0 +1,121 @@
+"""Validation loss and, for the demo task, exact-match accuracy of greedy answers.
+
+Under ZeRO-3 every forward pass gathers parameters collectively, so every rank must run
+the same number of forwards: each rank takes a strided shard of the validation set,
+padded to equal length with zero-weight repeats, and generation runs a fixed number of
+greedy steps (no early stop) on left-padded batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .data.batching import Row, collate
+from .data.formats import IGNORE_INDEX
+
+
+def _shard(n: int, rank: int, world: int) -> list[tuple[int, float]]:
+    """(index, weight) pairs of this rank: equal counts on every rank, repeats weigh 0."""
+    per_rank = -(-n // world) if n else 0
+    mine = list(range(rank, n, world))
+    out = [(i, 1.0) for i in mine]
+    while len(out) < per_rank:
+        out.append((mine[0] if mine else 0, 0.0))
+    return out
+
+
+def eval_loss(
+    model: Any,
+    rows: Sequence[Row],
+    *,
+    rank: int,
+    world: int,
+    batch: int,
+    pad_id: int,
+    explicit_mask: bool,
+    all_reduce_sum: Callable[[list[float]], list[float]],
+) -> float | None:
+    """Token-weighted mean loss over the validation rows, identical on every rank."""
+    import torch
+
+    if not rows:
+        return None
+    shard = _shard(len(rows), rank, world)
+    total = count = 0.0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(shard), batch):
+            part = shard[start : start + batch]
+            b = collate([rows[i] for i, _ in part], pad_id, explicit_mask)
+            device = next(model.parameters()).device
+            inputs: dict[str, Any] = {k: b[k].to(device) for k in ("input_ids", "position_ids") if k in b}
+            if "attention_mask" in b:
+                inputs["attention_mask"] = b["attention_mask"].to(device)
+            logits = model(**inputs).logits.float()
+            labels = b["labels"].to(device)
+            shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
+            losses = torch.nn.functional.cross_entropy(
+                shift_logits.reshape(-1, shift_logits.size(-1)),
+                shift_labels.reshape(-1),
+                ignore_index=IGNORE_INDEX,
+                reduction="none",
+            ).view(shift_labels.shape)
+            valid = (shift_labels != IGNORE_INDEX).float()
+            weights = torch.tensor([w for _, w in part], device=device)[:, None]
+            total += float((losses * valid * weights).sum())
+            count += float((valid * weights).sum())
+    model.train(was_training)
+    total, count = all_reduce_sum([total, count])
+    return total / count if count else None
+
+
+def exact_match(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[list[int]],
+    answers: Sequence[str],
+    *,
+    rank: int,
+    world: int,
+    batch: int,
+    max_new_tokens: int,
+    all_reduce_sum: Callable[[list[float]], list[float]],
+) -> tuple[float, list[tuple[str, str]]]:
+    """Share of prompts whose greedy continuation (up to EOS) equals the answer, and examples."""
+    import torch
+
+    shard = _shard(len(prompts), rank, world)
+    correct = seen = 0.0
+    examples: list[tuple[str, str]] = []
+    pad = int(tokenizer.pad_token_id)
+    eos = int(tokenizer.eos_token_id)
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for start in range(0, len(shard), batch):
+            part = shard[start : start + batch]
+            seqs = [list(prompts[i]) for i, _ in part]
+            width = max(len(s) for s in seqs)
+            ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=device)
+            mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=device)
+            for _ in range(max_new_tokens):
+                positions = (mask.cumsum(-1) - 1).clamp(min=0)
+                logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+                nxt = logits[:, -1].argmax(-1, keepdim=True)
+                ids = torch.cat([ids, nxt], dim=1)
+                mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
+            for row, (index, weight) in enumerate(part):
+                new = ids[row, width:].tolist()
+                new = new[: new.index(eos)] if eos in new else new
+                text = tokenizer.decode(new, skip_special_tokens=True).strip()
+                if weight:
+                    seen += 1
+                    correct += float(text == answers[index].strip())
+                    if len(examples) < 3:
+                        examples.append((answers[index], text))
+    model.train(was_training)
+    correct, seen = all_reduce_sum([correct, seen])
+    return (correct / seen if seen else 0.0), examples

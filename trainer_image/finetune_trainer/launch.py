@@ -1,0 +1,160 @@
+"""The pod entrypoint: idle if the job already completed, else launch this node's ranks.
+
+Every pod runs `deepspeed --no_ssh --node_rank=$NODE_RANK --master_addr=$MASTER_ADDR
+--hostfile DIR/hostfile` itself (no SSH anywhere; the hostfile only describes the world).
+The entrypoint stays the container's main process so that it can turn what the ranks
+left behind into the termination message and the exit code the operator reads:
+0 with a JSON summary, 137 when a rank was SIGKILLed (the OOM killer), 1 otherwise with
+`<Reason>: <message>`. `ftjob run` uses this same function with a localhost hostfile.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from . import outcome
+from .paths import completion_marker
+from .settings import ConfigError, JobConfig, env_int, load_config
+
+log = logging.getLogger(__name__)
+
+WORKER_MODULE = "finetune_trainer.worker"
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass
+class Result:
+    exit_code: int
+    summary: dict[str, Any] | None
+    message: str
+
+
+def idle_forever(marker: Path) -> int:
+    """A restarted pod of a finished job: do nothing until the kubelet stops us."""
+    print(f"job already completed ({marker}); idling until terminated", flush=True)
+    stop = {"now": False}
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    while not stop["now"]:
+        signal.pause() if hasattr(signal, "pause") else time.sleep(1)
+    return 0
+
+
+def launcher_command(cfg: JobConfig, node_rank: int, master_addr: str, master_port: int) -> list[str]:
+    return [
+        sys.executable,
+        "-u",
+        "-m",
+        "deepspeed.launcher.runner",
+        "--no_ssh",
+        f"--node_rank={node_rank}",
+        f"--master_addr={master_addr}",
+        f"--master_port={master_port}",
+        "--hostfile",
+        str(cfg.directory / "hostfile"),
+        "--log_level",
+        os.environ.get("FTJOB_LAUNCHER_LOG", "warning"),
+        "--module",
+        WORKER_MODULE,
+        "--config",
+        str(cfg.directory),
+    ]
+
+
+def _rank_env(state_dir: Path, progress: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env["FTJOB_RUN_STATE_DIR"] = str(state_dir)
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    if progress:
+        env["FTJOB_PROGRESS"] = "1"
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            env.setdefault("DS_ACCELERATOR", "cpu")
+    except ImportError:
+        pass
+    return env
+
+
+def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool = True) -> Result:
+    """Run (or skip) this node's part of the job and write the termination message."""
+    try:
+        cfg = load_config(config_dir)
+        marker = completion_marker(cfg.output)
+    except (ConfigError, ValueError) as exc:
+        message = outcome.one_line(f"{outcome.CONFIG_ERROR}: {exc}")
+        outcome.write_termination(message)
+        return Result(1, None, message)
+    if marker.exists():
+        summary = json.loads(marker.read_text())
+        outcome.write_termination(json.dumps(summary, sort_keys=True))
+        code = idle_forever(marker) if idle_when_done else 0
+        return Result(code, summary, "already completed")
+    node_rank = env_int("NODE_RANK", 0)
+    master_addr = os.environ.get("MASTER_ADDR") or cfg.hosts[0][0]
+    master_port = env_int("MASTER_PORT", DEFAULT_MASTER_PORT)
+    if not 0 <= node_rank < len(cfg.hosts):
+        message = f"{outcome.CONFIG_ERROR}: NODE_RANK={node_rank} but the hostfile lists {len(cfg.hosts)} nodes"
+        outcome.write_termination(message)
+        return Result(1, None, message)
+    with tempfile.TemporaryDirectory(prefix="ftjob-run-") as tmp:
+        state_dir = Path(tmp)
+        cmd = launcher_command(cfg, node_rank, master_addr, master_port)
+        proc = subprocess.Popen(cmd, env=_rank_env(state_dir, progress))
+        terminated = {"signal": 0}
+
+        def _forward(signum: int, frame: FrameType | None) -> None:
+            terminated["signal"] = signum
+            proc.send_signal(signal.SIGTERM)
+
+        old = {s: signal.signal(s, _forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            returncode = proc.wait()
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+        return _conclude(state_dir, returncode, node_rank, terminated["signal"])
+
+
+def _conclude(state_dir: Path, returncode: int, node_rank: int, signum: int) -> Result:
+    summary_file = state_dir / "summary.json"
+    if returncode == 0 and summary_file.exists():
+        summary = json.loads(summary_file.read_text())
+        outcome.write_termination(json.dumps(summary, sort_keys=True))
+        return Result(0, summary, "succeeded")
+    if signum:
+        message = f"{outcome.TERMINATED}: received {signal.Signals(signum).name}; ranks stopped"
+        outcome.write_termination(message)
+        return Result(128 + signum, None, message)
+    found = outcome.root_cause(state_dir, node_rank)
+    if found is not None:
+        line, code = found
+    elif returncode == 0:
+        line, code = f"{outcome.TRAINING_ERROR}: the ranks exited 0 without leaving a summary", 1
+    else:
+        line, code = outcome.launcher_failure_line(returncode, node_rank)
+    outcome.write_termination(line)
+    return Result(code, None, line)
+
+
+def main(config_dir: str) -> int:
+    result = train(config_dir)
+    stream = sys.stdout if result.exit_code == 0 else sys.stderr
+    print(json.dumps(result.summary, sort_keys=True) if result.summary else result.message, file=stream, flush=True)
+    return result.exit_code

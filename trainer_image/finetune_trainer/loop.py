@@ -1,0 +1,384 @@
+"""The training loop of one rank: data → DeepSpeed engine → checkpoints → eval → artefacts.
+
+The engine comes from the rendered DeepSpeed config (adjusted for CPU, see `modeling`),
+with a client AdamW (or DeepSpeedCPUAdam when the optimizer is offloaded on GPU) and a
+warmup + decay schedule that the engine steps at each accumulation boundary. The loop
+is driven by the global step alone: the sampler derives which sequences to read from
+it, so resuming from a checkpoint continues the exact sample stream.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from . import builtin, checkpoint, evaluation, export, modeling
+from .data.batching import EpochSampler, Row, collate, pack, unpacked
+from .data.formats import prompt_and_answer
+from .data.loading import DataError, load_samples
+from .metrics import ProgressMetrics
+from .schedule import lr_lambda
+from .settings import JobConfig
+
+log = logging.getLogger(__name__)
+
+EXACT_MATCH_LIMIT = 64
+LOG_FILE = "train_log.jsonl"
+
+
+class Dist:
+    """The few collectives the loop needs, over deepspeed.comm."""
+
+    def __init__(self) -> None:
+        import deepspeed.comm as dist
+
+        self._dist = dist
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+
+    def barrier(self) -> None:
+        self._dist.barrier()
+
+    def sum(self, values: list[float]) -> list[float]:
+        import torch
+
+        tensor = torch.tensor(values, dtype=torch.float64)
+        if self.world > 1:
+            self._dist.all_reduce(tensor)
+        return [float(v) for v in tensor.tolist()]
+
+
+def split_validation(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Deterministic (train, validation) index split."""
+    import random
+
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    size = min(n - 1, max(1, round(n * fraction))) if fraction > 0 and n > 1 else 0
+    return sorted(order[size:]), sorted(order[:size])
+
+
+class Trainer:
+    def __init__(self, cfg: JobConfig, local_rank: int, metrics: ProgressMetrics | None, progress: bool) -> None:
+        self.cfg = cfg
+        self.spec = cfg.job.spec
+        self.plan = cfg.plan
+        self.local_rank = local_rank
+        self.metrics = metrics
+        self.progress = progress
+        self.dist = Dist()
+        self.out = cfg.output
+        self.ckpt_root = self.out / "checkpoints"
+        self.log_path = self.out / LOG_FILE
+        self.started = time.time()
+
+    # ---- setup -----------------------------------------------------------------------
+    def setup(self) -> None:
+        import deepspeed
+        import torch
+
+        spec, plan, rank = self.spec, self.plan, self.dist.rank
+        on_gpu = torch.cuda.is_available()
+        self.compute = modeling.compute_settings(spec, on_gpu)
+        if self.compute.note and rank == 0:
+            log.warning("%s", self.compute.note)
+        cache = self.out / ".cache"
+        if self.local_rank == 0:
+            self.model_path = modeling.model_path(spec.model.uri, cache, spec.training.seed)
+        self.dist.barrier()
+        self.model_path = modeling.model_path(spec.model.uri, cache, spec.training.seed)
+        self.tokenizer = modeling.load_tokenizer(self.model_path, spec, cache)
+        self._load_data()
+        torch.manual_seed(spec.training.seed)
+        model = modeling.load_model(spec, plan, self.model_path, self.compute)
+        self.trainable, self.total_params = modeling.trainable_parameters(model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        ds_config = modeling.effective_deepspeed_config(self.cfg.deepspeed, self.compute)
+        if on_gpu and plan.offload_optimizer != "none":
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            optimizer: Any = DeepSpeedCPUAdam(
+                params, lr=spec.training.learning_rate, weight_decay=spec.training.weight_decay, adamw_mode=True
+            )
+        else:
+            optimizer = torch.optim.AdamW(
+                params, lr=spec.training.learning_rate, weight_decay=spec.training.weight_decay
+            )
+        warmup = math.ceil(spec.training.warmup_ratio * self.total_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_lambda(str(spec.training.lr_schedule), warmup, self.total_steps)
+        )
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+        )
+        if rank == 0:
+            log.info(
+                "model %s: %s, %d/%d trainable parameters, ZeRO-%d, micro-batch %d x accumulation %d x world %d, "
+                "%d steps (%d per epoch)",
+                spec.model.uri,
+                spec.method.type,
+                self.trainable,
+                self.total_params,
+                plan.zero_stage,
+                plan.micro_batch_size,
+                plan.gradient_accumulation_steps,
+                self.dist.world,
+                self.total_steps,
+                self.sampler.steps_per_epoch,
+            )
+
+    def _load_data(self) -> None:
+        spec = self.spec
+        data = load_samples(
+            spec.dataset.uri,
+            str(spec.dataset.format),
+            self.tokenizer,
+            spec.dataset.max_seq_length,
+            skip_malformed=str(spec.dataset.on_malformed_line) == "Skip",
+        )
+        self.skipped = data.malformed
+        if data.malformed and self.dist.rank == 0:
+            log.warning("skipped %d malformed records; first: %s", data.malformed, data.first_problem)
+        train_idx, val_idx = split_validation(len(data.samples), spec.dataset.validation_split, spec.training.seed)
+        train = [data.samples[i] for i in train_idx]
+        val = [data.samples[i] for i in val_idx]
+        max_len = spec.dataset.max_seq_length
+        self.rows: list[Row] = pack(train, max_len) if spec.dataset.packing else unpacked(train)
+        self.val_rows: list[Row] = unpacked(val)
+        self.explicit_mask = self.compute.attn_implementation != "flash_attention_2"
+        self.demo_prompts: list[list[int]] = []
+        self.demo_answers: list[str] = []
+        if builtin.is_builtin(spec.dataset.uri):
+            for i in val_idx[:EXACT_MATCH_LIMIT]:
+                prompt, answer = self._prompt(data.records[i])
+                self.demo_prompts.append(prompt)
+                self.demo_answers.append(answer)
+        plan = self.plan
+        self.sampler = EpochSampler(
+            len(self.rows), self.dist.world, plan.micro_batch_size, plan.gradient_accumulation_steps, spec.training.seed
+        )
+        if self.sampler.steps_per_epoch == 0:
+            raise DataError(
+                f"{spec.dataset.uri}: {len(self.rows)} training sequences do not fill one optimizer step of "
+                f"{self.sampler.per_step} (globalBatchSize); add data or lower the batch size"
+            )
+        t = spec.training
+        if t.max_steps is not None:
+            self.total_steps = t.max_steps
+        else:
+            self.total_steps = max(1, math.ceil((t.epochs or 1.0) * self.sampler.steps_per_epoch))
+
+    def _prompt(self, record: dict[str, Any]) -> tuple[list[int], str]:
+        if str(self.spec.dataset.format) == "messages":
+            turns = record["messages"]
+            text = self.tokenizer.apply_chat_template(turns[:-1], tokenize=False, add_generation_prompt=True)
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]), str(turns[-1]["content"])
+        prompt, answer = prompt_and_answer(record)
+        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return [self.tokenizer.bos_token_id, *ids], answer
+
+    # ---- evaluation --------------------------------------------------------------------
+    def evaluate(self) -> dict[str, Any]:
+        loss = evaluation.eval_loss(
+            self.engine.module,
+            self.val_rows,
+            rank=self.dist.rank,
+            world=self.dist.world,
+            batch=self.plan.micro_batch_size * 4,
+            pad_id=int(self.tokenizer.pad_token_id),
+            explicit_mask=self.explicit_mask,
+            all_reduce_sum=self.dist.sum,
+        )
+        result: dict[str, Any] = {"eval_loss": loss}
+        if self.demo_prompts:
+            longest = max(len(self.tokenizer(a, add_special_tokens=False)["input_ids"]) for a in self.demo_answers)
+            accuracy, examples = evaluation.exact_match(
+                self.engine.module,
+                self.tokenizer,
+                self.demo_prompts,
+                self.demo_answers,
+                rank=self.dist.rank,
+                world=self.dist.world,
+                batch=32,
+                max_new_tokens=longest + 1,
+                all_reduce_sum=self.dist.sum,
+            )
+            result["exact_match"] = accuracy
+            result["examples"] = [{"expected": e, "got": g} for e, g in examples]
+        if self.metrics is not None and loss is not None:
+            self.metrics.eval_loss.set(loss)
+        return result
+
+    # ---- the loop -----------------------------------------------------------------------
+    def _record(self, entry: dict[str, Any]) -> None:
+        if self.dist.rank == 0:
+            with self.log_path.open("a") as fh:
+                fh.write(json.dumps(entry, sort_keys=True) + "\n")
+
+    def run(self) -> dict[str, Any]:
+        rank = self.dist.rank
+        if rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            removed = checkpoint.remove_partial(self.ckpt_root)
+            if removed:
+                log.warning("removed incomplete checkpoints %s (a save was interrupted)", removed)
+        self.dist.barrier()
+        found = checkpoint.newest(self.ckpt_root)
+        state: dict[str, Any] = {}
+        if found is not None:
+            checkpoint.load(self.engine, found, rank)
+            state = dict(found.state)
+            if rank == 0:
+                log.info("resumed from %s (step %d, %s)", found.path, found.step, found.state.get("data_position"))
+        start = int(state.get("global_step", 0))
+        before = state.get("eval_before")
+        if before is None:
+            before = self.evaluate()
+            self._record({"step": 0, "eval": before})
+        tokens = int(state.get("tokens", 0))
+        samples = int(state.get("samples", 0))
+        last_loss = state.get("last_loss")
+        last_eval: dict[str, Any] | None = None
+        spec_t = self.spec.training
+        bar = self._progress_bar(start)
+        if self.metrics is not None:
+            self.metrics.max_steps.set(self.total_steps)
+            self.metrics.global_step.set(start)
+        for step in range(start, self.total_steps):
+            began = time.perf_counter()
+            wait = 0.0
+            loss_sum = 0.0
+            step_tokens = step_samples = 0
+            micro = self.sampler.micro_batches(step, rank)
+            lr = float(self.engine.get_lr()[0])
+            for indices in micro:
+                t0 = time.perf_counter()
+                batch = collate([self.rows[i] for i in indices], int(self.tokenizer.pad_token_id), self.explicit_mask)
+                inputs = {k: v.to(self.engine.device) for k, v in batch.items() if hasattr(v, "to")}
+                wait += time.perf_counter() - t0
+                loss = self.engine(**inputs).loss
+                self.engine.backward(loss)
+                self.engine.step()
+                loss_sum += float(loss.detach())
+                step_tokens += batch["useful_tokens"]
+                step_samples += batch["samples"]
+            loss_mean, tok_all, samp_all = self.dist.sum([loss_sum / len(micro), step_tokens, step_samples])
+            last_loss = loss_mean / self.dist.world
+            tokens += int(tok_all)
+            samples += int(samp_all)
+            grad_norm = self.engine.get_global_grad_norm()
+            grad_norm = float(grad_norm) if grad_norm is not None else None
+            done = step + 1
+            epoch = done / self.sampler.steps_per_epoch
+            seconds = time.perf_counter() - began
+            if self.metrics is not None:
+                self.metrics.step_done(
+                    step=done,
+                    epoch=epoch,
+                    loss=last_loss,
+                    lr=lr,
+                    grad_norm=grad_norm,
+                    samples=step_samples,
+                    tokens=step_tokens,
+                    seconds=seconds,
+                    wait_seconds=wait,
+                    model_params=self.total_params,
+                )
+            self._record(
+                {
+                    "step": done,
+                    "loss": last_loss,
+                    "lr": lr,
+                    "grad_norm": grad_norm,
+                    "tokens": tokens,
+                    "epoch": epoch,
+                    "seconds": seconds,
+                }
+            )
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{last_loss:.3f}", lr=f"{lr:.2e}")
+            if spec_t.eval_every_steps and done % spec_t.eval_every_steps == 0 and done < self.total_steps:
+                last_eval = self.evaluate()
+                self._record({"step": done, "eval": last_eval})
+                if rank == 0:
+                    log.info("step %d eval %s", done, _brief(last_eval))
+            if done % spec_t.checkpoint_every_steps == 0 and done < self.total_steps:
+                self._checkpoint(
+                    done,
+                    {
+                        "global_step": done,
+                        "tokens": tokens,
+                        "samples": samples,
+                        "last_loss": last_loss,
+                        "eval_before": before,
+                        "data_position": self.sampler.position(done),
+                    },
+                )
+        if bar is not None:
+            bar.close()
+        after = self.evaluate()
+        self._record({"step": self.total_steps, "eval": after})
+        return self._finish(before, after, tokens, samples, last_loss)
+
+    def _checkpoint(self, step: int, state: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        checkpoint.save(self.engine, self.ckpt_root, step, state, rank=self.dist.rank, barrier=self.dist.barrier)
+        if self.dist.rank == 0:
+            checkpoint.prune(self.ckpt_root, self.spec.training.checkpoints_to_keep)
+        if self.metrics is not None:
+            self.metrics.checkpoint_done(time.perf_counter() - t0)
+
+    def _finish(
+        self, before: dict[str, Any], after: dict[str, Any], tokens: int, samples: int, last_loss: float | None
+    ) -> dict[str, Any]:
+        method = str(self.spec.method.type)
+        target = self.out / ("model" if method == "full" else "adapter")
+        export.save_trained(self.engine.module, self.tokenizer, target, method, self.dist.rank)
+        merged = None
+        if self.spec.output.merged_model and method != "full" and self.dist.rank == 0:
+            merged = export.save_merged(
+                self.model_path, target, self.tokenizer, self.out / "merged", self.compute.dtype_name
+            )
+        self.dist.barrier()
+        summary: dict[str, Any] = {
+            "finalLoss": last_loss,
+            "steps": self.total_steps,
+            "tokens": tokens,
+            "samples": samples,
+            "adapterUri": str(target) if method != "full" else None,
+            "modelUri": str(target) if method == "full" else None,
+            "mergedModelUri": str(merged) if merged else None,
+            "wallSeconds": round(time.time() - self.started, 3),
+            "evalLoss": after.get("eval_loss"),
+            "evalLossBefore": before.get("eval_loss"),
+            "skippedRecords": self.skipped,
+        }
+        if "exact_match" in after:
+            summary["exactMatchBefore"] = before.get("exact_match")
+            summary["exactMatch"] = after["exact_match"]
+        return summary
+
+    def _progress_bar(self, start: int) -> Any:
+        if not (self.progress and self.dist.rank == 0):
+            return None
+        from tqdm import tqdm  # type: ignore[import-untyped]
+
+        return tqdm(total=self.total_steps, initial=start, desc="training", unit="step", dynamic_ncols=True)
+
+
+def _brief(result: dict[str, Any]) -> str:
+    parts = [f"loss {result['eval_loss']:.4f}" if result.get("eval_loss") is not None else "loss n/a"]
+    if "exact_match" in result:
+        parts.append(f"exact-match {result['exact_match']:.1%}")
+    return ", ".join(parts)
+
+
+def write_json_atomic(path: Path, value: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+    tmp.rename(path)

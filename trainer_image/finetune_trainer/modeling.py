@@ -1,0 +1,190 @@
+"""Loading the base model and tokenizer, and wrapping them for LoRA, QLoRA or full tuning.
+
+Precision policy: on GPU the job's precision is used as is. On CPU every run computes
+in fp32 (bf16/fp16 matmuls on CPU are slow or missing for several ops, and fp16 loss
+scaling has no point there); the in-memory DeepSpeed config is switched off bf16/fp16
+to match, and the override is logged once. QLoRA keeps its 4-bit NF4 storage on CPU.
+Under ZeRO-3, QLoRA stores the packed 4-bit weights in the compute dtype so DeepSpeed
+can partition them together with the other parameters (peft's DeepSpeed guidance).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from finetune_operator.api.spec import FineTuneJobSpec
+from finetune_operator.api.status import PlanStatus
+
+from . import builtin
+from .paths import resolve_uri
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+class ModelNotFound(RuntimeError):
+    """The model URI points nowhere usable; the message says where it looked."""
+
+
+@dataclass(frozen=True)
+class ComputeSettings:
+    dtype_name: str
+    on_gpu: bool
+    attn_implementation: str
+    note: str = ""
+
+
+def compute_settings(spec: FineTuneJobSpec, on_gpu: bool) -> ComputeSettings:
+    """The dtype and attention kernel this rank uses, and why."""
+    asked = str(spec.training.precision)
+    if not on_gpu:
+        note = "" if asked == "fp32" else f"training.precision={asked} but this is a CPU run: computing in fp32"
+        return ComputeSettings("float32", False, "sdpa", note)
+    attn = "sdpa"
+    try:
+        import flash_attn  # type: ignore[import-not-found]  # noqa: F401
+
+        attn = "flash_attention_2" if asked in ("bf16", "fp16") else "sdpa"
+    except ImportError:
+        pass
+    return ComputeSettings(DTYPES[asked], True, attn)
+
+
+def effective_deepspeed_config(config: dict[str, Any], compute: ComputeSettings) -> dict[str, Any]:
+    """The rendered config adjusted to this machine (only when running on CPU)."""
+    out = dict(config)
+    if not compute.on_gpu:
+        out["bf16"] = {**out.get("bf16", {}), "enabled": False}
+        out["fp16"] = {**out.get("fp16", {}), "enabled": False}
+        out["zero_force_ds_cpu_optimizer"] = False
+    return out
+
+
+def model_path(uri: str, cache_root: Path, seed: int) -> str:
+    """A local directory (generated for builtin://) or a hub id, checked early with a clear message."""
+    if builtin.is_builtin(uri):
+        try:
+            return str(builtin.materialise_model(builtin.builtin_name(uri), cache_root, seed))
+        except FileNotFoundError as exc:
+            raise ModelNotFound(str(exc)) from None
+    local = resolve_uri(uri)
+    if local is None:
+        return uri.removeprefix("hf://")
+    path = Path(local)
+    if not path.exists():
+        raise ModelNotFound(f"model.uri {uri}: path {path} does not exist (is the volume mounted?)")
+    if not (path / "config.json").exists():
+        raise ModelNotFound(f"model.uri {uri}: {path} has no config.json (not a transformers model folder)")
+    return str(path)
+
+
+def load_tokenizer(path: str, spec: FineTuneJobSpec, cache_root: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    source = path
+    if spec.model.tokenizer:
+        source = model_path(spec.model.tokenizer, cache_root, spec.training.seed)
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            source,
+            revision=spec.model.revision,
+            trust_remote_code=spec.model.trust_remote_code,
+            token=os.environ.get("HF_TOKEN"),
+        )
+    except OSError as exc:
+        raise ModelNotFound(f"cannot load tokenizer from {source}: {exc}") from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _lora_config(spec: FineTuneJobSpec, path: str) -> Any:
+    from peft import LoraConfig
+
+    lora = spec.method.lora_or_default
+    targets: Any = "all-linear" if list(lora.target_modules) == ["all-linear"] else list(lora.target_modules)
+    extra: dict[str, Any] = {}
+    if builtin.is_builtin(spec.model.uri):
+        # A random base has no useful embeddings to keep frozen; the demo trains them.
+        extra["modules_to_save"] = ["embed_tokens", "lm_head"]
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+        **extra,
+    )
+
+
+def load_model(spec: FineTuneJobSpec, plan: PlanStatus, path: str, compute: ComputeSettings) -> Any:
+    """The model ready for `deepspeed.initialize`: adapters attached, checkpointing set."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, compute.dtype_name)
+    kwargs: dict[str, Any] = {
+        "dtype": dtype,
+        "attn_implementation": compute.attn_implementation,
+        "revision": spec.model.revision,
+        "trust_remote_code": spec.model.trust_remote_code,
+        "token": os.environ.get("HF_TOKEN"),
+    }
+    method = str(spec.method.type)
+    if method == "qlora":
+        from transformers import BitsAndBytesConfig
+
+        q = spec.method.qlora_or_default
+        compute_dtype = getattr(torch, q.compute_dtype) if (q.compute_dtype and compute.on_gpu) else dtype
+        kwargs["quantization_config"] = BitsAndBytesConfig(  # type: ignore[no-untyped-call]
+            load_in_4bit=True,
+            bnb_4bit_quant_type=str(q.quant_type),
+            bnb_4bit_use_double_quant=q.double_quant,
+            bnb_4bit_compute_dtype=compute_dtype,
+            bnb_4bit_quant_storage=compute_dtype if plan.zero_stage == 3 else torch.uint8,
+        )
+        kwargs["device_map"] = {"": _local_device(compute)}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except OSError as exc:
+        raise ModelNotFound(f"cannot load model from {path}: {exc}") from None
+    model.config.use_cache = False
+    if method == "qlora":
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
+            model,
+            use_gradient_checkpointing=plan.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+    elif plan.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[no-untyped-call]
+    if method in ("lora", "qlora"):
+        from peft import get_peft_model
+
+        model = get_peft_model(model, _lora_config(spec, path))
+    else:
+        for param in model.parameters():
+            param.requires_grad_(True)
+    return model
+
+
+def _local_device(compute: ComputeSettings) -> str:
+    if not compute.on_gpu:
+        return "cpu"
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+
+
+def trainable_parameters(model: Any) -> tuple[int, int]:
+    """(trainable, total) parameter counts, using ZeRO-3's full sizes when partitioned."""
+    trainable = total = 0
+    for param in model.parameters():
+        n = int(getattr(param, "ds_numel", param.numel()))
+        total += n
+        trainable += n if param.requires_grad else 0
+    return trainable, total

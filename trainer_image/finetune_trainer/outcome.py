@@ -1,0 +1,160 @@
+"""What a run tells the operator when it ends: a JSON summary, or a one-line root cause.
+
+The container's termination message (`/dev/termination-log`, or FTJOB_TERMINATION_LOG)
+is the only channel from a finished pod to the operator. On failure it holds exactly
+one line `<Reason>: <message>`, where Reason is one of REASONS. `OutOfMemory` is
+recognised from CUDA and host allocator errors and MemoryError, so the operator can
+re-plan instead of retrying the same strategy. A rank that vanishes without a word
+(SIGKILL, exit 137) is `RankKilled`: the kernel's memory killer is one cause, but so are
+an eviction or a person; when it was the memory killer, the kubelet reports the
+container as OOMKilled, and that is what the operator re-plans on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+TERMINATION_LOG = "/dev/termination-log"
+OUT_OF_MEMORY = "OutOfMemory"
+DATA_ERROR = "DataError"
+MODEL_NOT_FOUND = "ModelNotFound"
+CONFIG_ERROR = "ConfigError"
+TRAINING_ERROR = "TrainingError"
+TERMINATED = "Terminated"
+RANK_KILLED = "RankKilled"
+REASONS = (OUT_OF_MEMORY, DATA_ERROR, MODEL_NOT_FOUND, CONFIG_ERROR, TRAINING_ERROR, TERMINATED, RANK_KILLED)
+MAX_LINE = 1000
+SIGKILL_EXIT_CODE = 137
+
+_OOM_PATTERNS = re.compile(
+    r"out of memory|OutOfMemory|can't allocate memory|cannot allocate memory|std::bad_alloc|CUBLAS_STATUS_ALLOC_FAILED",
+    re.IGNORECASE,
+)
+
+
+class StoppedBySignal(BaseException):
+    """Raised in a rank by SIGTERM (the launcher stopping it after another rank failed)."""
+
+
+def termination_log_path() -> Path:
+    return Path(os.environ.get("FTJOB_TERMINATION_LOG", TERMINATION_LOG))
+
+
+def one_line(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= MAX_LINE else flat[: MAX_LINE - 3] + "..."
+
+
+def is_oom_text(text: str) -> bool:
+    return bool(_OOM_PATTERNS.search(text))
+
+
+def classify(exc: BaseException) -> str:
+    """The Reason for an exception raised on a rank."""
+    from .data.loading import DataError
+    from .modeling import ModelNotFound
+
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or is_oom_text(str(exc)):
+        return OUT_OF_MEMORY
+    if isinstance(exc, DataError):
+        return DATA_ERROR
+    if isinstance(exc, ModelNotFound):
+        return MODEL_NOT_FOUND
+    if isinstance(exc, StoppedBySignal):
+        return TERMINATED
+    return TRAINING_ERROR
+
+
+def failure_line(exc: BaseException, rank: int) -> str:
+    reason = classify(exc)
+    detail = str(exc) or type(exc).__name__
+    if reason == TRAINING_ERROR:
+        detail = f"{type(exc).__name__}: {detail}"
+    return one_line(f"{reason}: {detail} (rank {rank})")
+
+
+def write_rank_failure(state_dir: Path, rank: int, line: str) -> None:
+    """Each rank records its own root cause; the entrypoint picks the earliest."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / f"failure-rank{rank}.json"
+    path.write_text(json.dumps({"time": time.time(), "rank": rank, "line": line}))
+
+
+_PEER_LOSS = re.compile(r"Connection closed by peer|Connection reset by peer|remote worker crash|aborted", re.I)
+
+
+def mark_rank(state_dir: Path, rank: int, event: str) -> None:
+    """`started` when a rank begins, `done` when it succeeded: silence in between means it was killed."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / f"rank{rank}.{event}").write_text(str(time.time()))
+
+
+def _failures(state_dir: Path) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = []
+    for path in state_dir.glob("failure-rank*.json"):
+        try:
+            entries.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return entries
+
+
+def _rank_of(path: Path) -> int:
+    return int(path.name.split(".")[0].removeprefix("rank"))
+
+
+def root_cause(state_dir: Path, node_rank: int) -> tuple[str, int] | None:
+    """The line that explains a failed node, and the exit code to use.
+
+    Order: an explicit out-of-memory error; then a rank that vanished without a word
+    (SIGKILL, exit 137); then the earliest real error; then the
+    consequences (peers losing the connection, ranks stopped by the launcher).
+    """
+    entries = _failures(state_dir)
+    started = {_rank_of(p) for p in state_dir.glob("rank*.started")}
+    ended = {_rank_of(p) for p in state_dir.glob("rank*.done")} | {int(e["rank"]) for e in entries}
+    silent = sorted(started - ended)
+    oom = [e for e in entries if str(e.get("line", "")).startswith(OUT_OF_MEMORY)]
+    if oom:
+        return str(min(oom, key=lambda e: float(e["time"]))["line"]), 1
+    if silent:
+        ranks = ", ".join(str(r) for r in silent)
+        return (
+            f"{RANK_KILLED}: rank {ranks} on node {node_rank} died without an error message "
+            "(SIGKILL, exit 137: the kernel's memory killer, an eviction, or someone killed it)",
+            SIGKILL_EXIT_CODE,
+        )
+    if not entries:
+        return None
+
+    def weight(entry: dict[str, Any]) -> tuple[int, float]:
+        line = str(entry.get("line", ""))
+        secondary = 2 if line.startswith(TERMINATED) else 1 if _PEER_LOSS.search(line) else 0
+        return secondary, float(entry.get("time", 0))
+
+    return str(min(entries, key=weight)["line"]), 1
+
+
+def launcher_failure_line(returncode: int, node_rank: int) -> tuple[str, int]:
+    """Root cause and exit code when no rank left a message (it was killed)."""
+    # -9: the launcher itself was killed; 247: it re-raised a rank's -9 through sys.exit; 137: via a shell.
+    if returncode in (-9, 137, 247):
+        return (
+            f"{RANK_KILLED}: a training process on node {node_rank} was killed by SIGKILL (exit 137)",
+            SIGKILL_EXIT_CODE,
+        )
+    return f"{TRAINING_ERROR}: the DeepSpeed launcher on node {node_rank} exited with code {returncode}", 1
+
+
+def write_termination(message: str) -> None:
+    path = termination_log_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(message if message.endswith("\n") else message + "\n")
+    except OSError:
+        pass  # not in a pod and not redirected: stdout still has it

@@ -1,0 +1,120 @@
+"""One training rank, as started by the DeepSpeed launcher (`python -m finetune_trainer.worker`).
+
+It joins the process group (gloo on CPU, nccl on GPU), serves its metrics, trains, and
+leaves its outcome in the run-state folder the entrypoint gave it (FTJOB_RUN_STATE_DIR):
+the summary (local rank 0) or a one-line root cause (any failing rank). Global rank 0
+writes the completion marker last, once every rank has saved its share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+
+from .outcome import StoppedBySignal, failure_line, mark_rank, write_rank_failure
+from .paths import completion_marker
+
+log = logging.getLogger("finetune_trainer")
+
+
+def _setup_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.WARNING,
+        format=f"%(asctime)s [rank {rank}] %(levelname)s %(message)s",
+        stream=sys.stdout,
+        force=True,
+    )
+    logging.getLogger("finetune_trainer").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+def _cpu_threads(local_world: int) -> None:
+    import torch
+
+    if torch.cuda.is_available() or os.environ.get("OMP_NUM_THREADS"):
+        return
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
+
+
+def run_rank(config_dir: str) -> int:
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    state_dir = Path(os.environ.get("FTJOB_RUN_STATE_DIR", "/tmp/ftjob-run-state"))
+    _setup_logging(rank)
+    mark_rank(state_dir, rank, "started")
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        from .loop import Trainer, write_json_atomic
+        from .metrics import ProgressMetrics, new_registry, serve
+        from .settings import load_config
+
+        cfg = load_config(config_dir)
+        import deepspeed
+        import torch
+
+        _cpu_threads(int(os.environ.get("LOCAL_SIZE", "1")))
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(local_rank)
+        minutes = float(os.environ.get("FTJOB_DIST_TIMEOUT_MINUTES", "30"))
+        deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(minutes=minutes))
+        registry = new_registry()
+        info = {
+            "rank": str(rank),
+            "local_rank": str(local_rank),
+            "zero_stage": str(cfg.plan.zero_stage),
+            "method": str(cfg.job.spec.method.type),
+            "UUID": _gpu_uuid(local_rank),
+        }
+        metrics = ProgressMetrics(registry, info)
+        serve(registry, local_rank)
+        trainer = Trainer(cfg, local_rank, metrics, progress=os.environ.get("FTJOB_PROGRESS") == "1")
+        trainer.setup()
+        summary = trainer.run()
+        if local_rank == 0:
+            write_json_atomic(state_dir / "summary.json", summary)
+        if rank == 0:
+            write_json_atomic(completion_marker(cfg.output), summary)
+            log.info("done: %s", json.dumps(summary, sort_keys=True))
+        torch.distributed.destroy_process_group()
+        mark_rank(state_dir, rank, "done")
+        return 0
+    except BaseException as exc:  # every failure must leave a root cause
+        line = failure_line(exc, rank)
+        write_rank_failure(state_dir, rank, line)
+        traceback.print_exc()
+        print(line, file=sys.stderr, flush=True)
+        return 1
+
+
+def _raise_stopped(signum: int, frame: FrameType | None) -> None:
+    raise StoppedBySignal(f"stopped by {signal.Signals(signum).name} (another rank failed, or the pod is stopping)")
+
+
+def _gpu_uuid(local_rank: int) -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        return ""
+    uuid = str(getattr(torch.cuda.get_device_properties(local_rank), "uuid", ""))
+    return uuid if uuid.startswith("GPU-") or not uuid else f"GPU-{uuid}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="finetune_trainer.worker")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--local_rank", type=int, default=None, help="set by the DeepSpeed launcher (unused)")
+    args = parser.parse_args(argv)
+    return run_rank(args.config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
