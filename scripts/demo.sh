@@ -11,12 +11,8 @@ say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
 say "ftjob validate examples/*.yaml"
 $FTJOB validate examples/*.yaml 2>&1 || true   # examples/invalid.yaml is meant to fail, naming each field
 
-if [ -f operator/finetune_operator/cli/plan_cmd.py ]; then
-  say "ftjob plan examples/lora-70b-4x8x80gi.yaml"
-  $FTJOB plan examples/lora-70b-4x8x80gi.yaml
-fi
-if [ -f examples/tiny-cpu.yaml ] && [ -f operator/finetune_operator/cli/run_cmd.py ]; then
-  out=${FTJOB_DEMO_OUTPUT:-$PWD/.work/demo-output}
-  say "ftjob run examples/tiny-cpu.yaml --output $out"
-  $FTJOB run examples/tiny-cpu.yaml --output "$out"
-fi
+say "ftjob plan examples/qlora-7b-24gi.yaml"
+$FTJOB plan examples/qlora-7b-24gi.yaml
+
+say "python -m tools.demo   # cluster, chart, operator, a real 2-rank run"
+exec .venv/bin/python -m tools.demo "$@"

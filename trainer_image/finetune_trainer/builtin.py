@@ -176,4 +176,16 @@ def materialise_model(name: str, cache_root: Path, seed: int) -> Path:
     if (directory / "config.json").exists():
         return directory
     cache_root.mkdir(parents=True, exist_ok=True)
-    return build_tiny_llama(directory, seed)
+    # Every rank of every pod may get here at once (the cache is on the shared output
+    # volume): one generates under an exclusive lock, the others wait and reuse it.
+    import fcntl
+
+    with (cache_root / f".{name}-seed{seed}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (directory / "config.json").exists():
+            return directory
+        if directory.exists():  # a generation that was killed half way
+            import shutil
+
+            shutil.rmtree(directory)
+        return build_tiny_llama(directory, seed)

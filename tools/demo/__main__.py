@@ -1,0 +1,133 @@
+"""`python -m tools.demo`: what a user sees on a real GPU cluster, on this CPU-only machine.
+
+It starts the local control plane (etcd, kube-apiserver, controller-manager, scheduler,
+one kwok GPU node and one process node that really runs pods), installs the Helm chart,
+runs the operator with the chart's ServiceAccount credentials, applies
+examples/tiny-cpu.yaml, shows `kubectl get ftj -w`-style progress while two real
+DeepSpeed ranks train on the process node, prints the result and the plan, and stops
+everything it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from finetune_localcluster import PROCESS_NODE_PLACEMENT, LocalCluster
+from finetune_localcluster.binaries import ensure_binaries
+from finetune_localcluster.devtools import OperatorProcess, bind_claim, helm, install_crd, service_account_kubeconfig
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "tiny-cpu.yaml"
+SYSTEM_NS, JOB_NS = "ftjob-system", "ml-demo"
+CHART, RELEASE, CLAIM = REPO / "charts" / "finetune-operator", "ftjob", "ftjob-output"
+
+
+def say(text: str) -> None:
+    print(f"\n\033[1m{text}\033[0m", flush=True)
+
+
+def kubectl(cluster: LocalCluster, *args: str, stdin: str | None = None) -> str:
+    kubectl_bin = str(ensure_binaries().kubectl)
+    done = subprocess.run([kubectl_bin, "--kubeconfig", str(cluster.kubeconfig), *args], input=stdin,
+                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    return done.stdout
+
+
+def watch(cluster: LocalCluster, timeout: float) -> dict[str, Any]:
+    """Print the `kubectl get ftj` row whenever it changes; return the final status."""
+    kube = cluster.kube()
+    path = f"/apis/finetune.dev/v1alpha1/namespaces/{JOB_NS}/finetunejobs/tiny-cpu"
+    header_done, last, deadline = False, "", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        table = kubectl(cluster, "get", "ftj", "-n", JOB_NS).splitlines()
+        if not header_done:
+            print(table[0], flush=True)
+            header_done = True
+        row = table[1] if len(table) > 1 else ""
+        changing = " ".join(row.split()[:-1])  # ignore the AGE column
+        if changing != last:
+            print(row, flush=True)
+            last = changing
+        status: dict[str, Any] = kube.get(path).get("status") or {}
+        if status.get("state") in ("Succeeded", "Failed"):
+            return status
+        time.sleep(2)
+    raise TimeoutError(f"the demo job did not finish in {timeout:.0f}s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, default=REPO / ".work" / "demo")
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+    say("1. Kubernetes binaries (built from Go modules once, then cached)")
+    bins = ensure_binaries()
+    print(f"   {bins.kube_bin}")
+    say("2. Local control plane: etcd, kube-apiserver, controller-manager, scheduler, kwok GPU node, process node")
+    started = time.monotonic()
+    with LocalCluster(args.workdir / "cluster", gpu_nodes=1, process_nodes=1) as cluster:
+        print(f"   up in {time.monotonic() - started:.1f}s; KUBECONFIG={cluster.kubeconfig}")
+        print(kubectl(cluster, "get", "nodes", "-L", "nvidia.com/gpu.product"), end="")
+        kube = cluster.kube()
+        for ns in (SYSTEM_NS, JOB_NS):
+            kube.create("/api/v1/namespaces", {"metadata": {"name": ns, "labels": {
+                "pod-security.kubernetes.io/enforce": "restricted"}}})  # fmt: skip
+
+        say(f"3. helm install {RELEASE} charts/finetune-operator -n {SYSTEM_NS}")
+        print(helm(cluster.kubeconfig, "install", RELEASE, str(CHART), "--namespace", SYSTEM_NS), end="")
+        install_crd(kube)
+
+        say("4. The operator, with the chart's ServiceAccount credentials (not admin)")
+        deployment = kube.get(f"/apis/apps/v1/namespaces/{SYSTEM_NS}/deployments/{RELEASE}-finetune-operator")
+        sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        config = service_account_kubeconfig(kube, cluster, SYSTEM_NS, sa, args.workdir / "operator.kubeconfig")
+        operator = OperatorProcess(config, args.workdir / "operator.log")
+        operator.start()
+        print(f"   running as system:serviceaccount:{SYSTEM_NS}:{sa}; log {operator.log_path}")
+        try:
+            say("5. kubectl apply -f examples/tiny-cpu.yaml  (2 pods × 1 CPU rank, LoRA on a tiny Llama)")
+            bind_claim(kube, JOB_NS, CLAIM)
+            doc = yaml.safe_load(EXAMPLE.read_text())
+            doc["metadata"]["namespace"] = JOB_NS
+            doc["spec"]["resources"].update(PROCESS_NODE_PLACEMENT)
+            print(kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(doc)), end="")
+
+            say("6. kubectl get ftj -n ml-demo -w")
+            status = watch(cluster, args.timeout)
+
+            say("7. Result")
+            print(json.dumps(status.get("result", {}), indent=2))
+            plan = status.get("plan", {})
+            print(f"\nplan: ZeRO-{plan.get('zeroStage')}, offload optimizer={plan.get('offloadOptimizer')} "
+                  f"params={plan.get('offloadParams')}, micro-batch {plan.get('microBatchSize')} × "
+                  f"accumulation {plan.get('gradientAccumulationSteps')}")  # fmt: skip
+            print(f"why:  {plan.get('reason')}")
+            adapter = cluster.workdir / "pvc" / JOB_NS / CLAIM / "tiny-cpu" / "adapter"
+            with contextlib.suppress(FileNotFoundError):
+                files = sorted(p.name for p in adapter.iterdir())
+                print(f"adapter on the output claim: {adapter}\n  {', '.join(files)}")
+            print("\nevents:")
+            print(kubectl(cluster, "get", "events", "-n", JOB_NS, "--field-selector",
+                          "involvedObject.kind=FineTuneJob", "-o",
+                          "custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message"), end="")  # fmt: skip
+            return 0 if status.get("state") == "Succeeded" else 1
+        finally:
+            say("8. Stopping the operator and the cluster")
+            operator.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
