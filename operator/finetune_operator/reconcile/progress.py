@@ -72,8 +72,8 @@ def to_progress(now: datetime, current: Sample, previous: Sample | None) -> Prog
         if total and steps > 0:
             eta = int((total - step) * dt / steps)
     percent = min(100, int(100 * step / total)) if total else None
-    summary = f"{step}/{total} ({percent}%)" if total else str(step)
-    loss = v.get("loss")
+    summary = f"{step}/{total} ({percent}%)" if total else None
+    loss = v.get("loss") if step > 0 else None  # before the first step the gauge is only initialised
     return Progress(
         step=step,
         total_steps=total,
