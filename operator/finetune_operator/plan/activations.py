@@ -14,11 +14,13 @@ flash/memory-efficient attention (no s² term unless the family needs eager atte
 - peft adapts fused MoE expert weights by materialising `W + B·A`, kept per layer.
 
 With gradient checkpointing each layer keeps only its 16-bit input; the layer being
-recomputed in backward adds one layer's activations. Logits are `b·s·V` in 16 bits plus
+recomputed in backward adds one layer's activations and the gradients flowing through
+it (`2·e·(I + h)`), which is the peak when the vocabulary is small. Logits are `b·s·V` in 16 bits plus
 the fp32 upcast, log-softmax and its gradient (about 12 bytes per vocabulary entry per
-token, 14 with logit soft-capping). In full fine-tuning the output head's weight gradient
-(`e·V·h`) appears while the 16-bit logits gradient is still alive; for short sequences that
-moment is the peak. The constants were calibrated against `traced.py`
+token, 14 with logit soft-capping). In full fine-tuning the gradient of the largest single weight
+tensor (the output head `e·V·h`, or a fused MoE expert weight) appears whole before it is
+handed to DeepSpeed, while the 16-bit logits gradient is still alive; for short sequences
+that moment is the peak. The constants were calibrated against `traced.py`
 (transformers 5.x, torch 2.x) on the catalogue families; `benchmarks/planner_traced_vs_analytical.py`
 prints the comparison.
 """
@@ -108,10 +110,11 @@ def activation_bytes(workload: Workload, micro_batch: int, checkpointing: bool) 
     per_vocab = LOGIT_BYTES_PER_VOCAB + (SOFTCAP_EXTRA_BYTES_PER_VOCAB if shape.logit_softcapping else 0)
     logits = int(per_vocab * shape.vocab_size * tokens)
     if workload.method == "full":
-        head_gradient = e * shape.vocab_size * shape.hidden_size
-        logits = max(logits, int(e * shape.vocab_size * tokens + head_gradient))
+        largest_tensor = max(g.experts * g.in_features * g.out_features for g in shape.groups)
+        logits = max(logits, int(e * shape.vocab_size * tokens + e * largest_tensor))
     if checkpointing:
         kept = shape.num_layers * e * shape.hidden_size * tokens
-        recompute_excess = max(0.0, layer - logits)
+        backward_transient = 2 * e * (shape.intermediate_size + shape.hidden_size) * tokens
+        recompute_excess = max(0.0, layer + backward_transient - logits)
         return ActivationBytes(int(kept + outside_layers + recompute_excess), logits)
     return ActivationBytes(int(shape.num_layers * layer + outside_layers), logits)

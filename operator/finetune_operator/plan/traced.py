@@ -118,7 +118,9 @@ def trace_training_step(
     started = time.perf_counter()
     model: Any = build_meta_model(config, dtype=dtype)
     if lora_r is not None:
-        model = apply_lora(model, lora_r, target_modules, dropout=lora_dropout)
+        # peft adapts fused MoE expert weights through ParamWrapper, which rejects dropout.
+        dropout = 0.0 if config.get("num_local_experts") else lora_dropout
+        model = apply_lora(model, lora_r, target_modules, dropout=dropout)
     model.train()
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-nodes", type=int, default=2, help="kwok-simulated GPU nodes")
     parser.add_argument("--process-nodes", type=int, default=1, help="nodes that really run pods")
     parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--no-taint", action="store_true",
-                        help="do not taint process nodes (pods land there without a toleration)")
+    parser.add_argument(
+        "--no-taint", action="store_true", help="do not taint process nodes (pods land there without a toleration)"
+    )
     args = parser.parse_args(argv)
 
     state = args.workdir / "cluster.json"
@@ -40,9 +41,14 @@ def main(argv: list[str] | None = None) -> int:
         if state.exists():
             print(f"a cluster is already recorded in {args.workdir}; run `down` first", file=sys.stderr)
             return 1
-        cluster = LocalCluster(args.workdir, gpu_nodes=args.gpu_nodes, process_nodes=args.process_nodes,
-                               gpus_per_node=args.gpus_per_node, taint_process_nodes=not args.no_taint,
-                               detach=True)
+        cluster = LocalCluster(
+            args.workdir,
+            gpu_nodes=args.gpu_nodes,
+            process_nodes=args.process_nodes,
+            gpus_per_node=args.gpus_per_node,
+            taint_process_nodes=not args.no_taint,
+            detach=True,
+        )
         try:
             cluster.up()
         except ClusterError as exc:

@@ -55,8 +55,15 @@ class Binaries:
         return self.kube_bin / "kubectl"
 
     def all_files(self) -> list[Path]:
-        return [self.kube_apiserver, self.kube_controller_manager, self.kube_scheduler,
-                self.kubectl, self.etcd, self.kwok, self.helm]
+        return [
+            self.kube_apiserver,
+            self.kube_controller_manager,
+            self.kube_scheduler,
+            self.kubectl,
+            self.etcd,
+            self.kwok,
+            self.helm,
+        ]
 
     def present(self) -> bool:
         return all(os.access(p, os.X_OK) for p in self.all_files()) and self.kwok_stages.is_dir()

@@ -106,8 +106,13 @@ def _cmdline0(pid: int) -> str | None:
 
 def gpu_node_manifest(name: str, gpus: int, gpu_product: str) -> Obj:
     """A Node object for kwok to manage: fake GPUs in capacity and allocatable."""
-    resources = {"cpu": "96", "memory": "1024Gi", "pods": "110", "ephemeral-storage": "1Ti",
-                 "nvidia.com/gpu": str(gpus)}
+    resources = {
+        "cpu": "96",
+        "memory": "1024Gi",
+        "pods": "110",
+        "ephemeral-storage": "1Ti",
+        "nvidia.com/gpu": str(gpus),
+    }
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -173,8 +178,10 @@ class LocalCluster:
 
     def node_names(self) -> tuple[list[str], list[str]]:
         """(kwok GPU node names, process node names)."""
-        return ([f"kwok-gpu-{i}" for i in range(self.gpu_nodes)],
-                [f"process-node-{i}" for i in range(self.process_nodes)])
+        return (
+            [f"kwok-gpu-{i}" for i in range(self.gpu_nodes)],
+            [f"process-node-{i}" for i in range(self.process_nodes)],
+        )
 
     def env(self) -> dict[str, str]:
         """Environment for tools (kubectl, helm) pointed at this cluster."""
@@ -226,50 +233,92 @@ class LocalCluster:
         etcd_port, peer_port = free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
-        etcd = self._start("etcd", [
-            str(bins.etcd), "--name=default", f"--data-dir={self.workdir / 'etcd'}",
-            f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=default={peer_url}", "--unsafe-no-fsync=true", "--log-level=warn",
-        ])
+        etcd = self._start(
+            "etcd",
+            [
+                str(bins.etcd),
+                "--name=default",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=default={peer_url}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
         self._wait("etcd", lambda: _get(f"{etcd_url}/health").json().get("health") == "true", etcd)
 
         api_port = free_port()
         self.server = f"https://127.0.0.1:{api_port}"
         self._write_kubeconfig(pki)
-        apiserver = self._start("kube-apiserver", [
-            str(bins.kube_apiserver), f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
-            f"--cert-dir={self.workdir / 'apiserver'}",
-            f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
-            f"--client-ca-file={pki.ca_cert}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki.sa_pub}",
-            f"--service-account-signing-key-file={pki.sa_key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--authorization-mode=RBAC", "--enable-admission-plugins=PodSecurity",
-            "--disable-admission-plugins=ServiceAccount", "--allow-privileged=true",
-            "--kubelet-preferred-address-types=InternalIP", "--profiling=false",
-        ])
+        apiserver = self._start(
+            "kube-apiserver",
+            [
+                str(bins.kube_apiserver),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={api_port}",
+                f"--cert-dir={self.workdir / 'apiserver'}",
+                f"--tls-cert-file={pki.serving_cert}",
+                f"--tls-private-key-file={pki.serving_key}",
+                f"--client-ca-file={pki.ca_cert}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=RBAC",
+                "--enable-admission-plugins=PodSecurity",
+                "--disable-admission-plugins=ServiceAccount",
+                "--allow-privileged=true",
+                "--kubelet-preferred-address-types=InternalIP",
+                "--profiling=false",
+            ],
+        )
         cert = (str(pki.admin_cert), str(pki.admin_key))
-        self._wait("kube-apiserver /readyz",
-                   lambda: _get(f"{self.server}/readyz", cert=cert, verify=str(pki.ca_cert)).ok, apiserver)
+        self._wait(
+            "kube-apiserver /readyz",
+            lambda: _get(f"{self.server}/readyz", cert=cert, verify=str(pki.ca_cert)).ok,
+            apiserver,
+        )
 
         kc = str(self.kubeconfig)
-        common = [f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
-                  f"--authorization-kubeconfig={kc}", "--leader-elect=false", "--bind-address=127.0.0.1"]
+        common = [
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+        ]
         kcm_port, sched_port = free_port(), free_port()
-        kcm = self._start("kube-controller-manager", [
-            str(bins.kube_controller_manager), *common, f"--secure-port={kcm_port}",
-            f"--cert-dir={self.workdir / 'kcm'}", "--controllers=*",
-            f"--service-account-private-key-file={pki.sa_key}", f"--root-ca-file={pki.ca_cert}",
-            f"--cluster-signing-cert-file={pki.ca_cert}", f"--cluster-signing-key-file={pki.ca_key}",
-            "--use-service-account-credentials=false", "--profiling=false",
-        ])
-        sched = self._start("kube-scheduler", [
-            str(bins.kube_scheduler), *common, f"--secure-port={sched_port}",
-            f"--cert-dir={self.workdir / 'scheduler'}", "--profiling=false",
-        ])
+        kcm = self._start(
+            "kube-controller-manager",
+            [
+                str(bins.kube_controller_manager),
+                *common,
+                f"--secure-port={kcm_port}",
+                f"--cert-dir={self.workdir / 'kcm'}",
+                "--controllers=*",
+                f"--service-account-private-key-file={pki.sa_key}",
+                f"--root-ca-file={pki.ca_cert}",
+                f"--cluster-signing-cert-file={pki.ca_cert}",
+                f"--cluster-signing-key-file={pki.ca_key}",
+                "--use-service-account-credentials=false",
+                "--profiling=false",
+            ],
+        )
+        sched = self._start(
+            "kube-scheduler",
+            [
+                str(bins.kube_scheduler),
+                *common,
+                f"--secure-port={sched_port}",
+                f"--cert-dir={self.workdir / 'scheduler'}",
+                "--profiling=false",
+            ],
+        )
         for proc, port in ((kcm, kcm_port), (sched, sched_port)):
             url = f"https://127.0.0.1:{port}/healthz"
             self._wait(f"{proc['name']} /healthz", lambda u=url: _get(u, verify=False).ok, proc)  # type: ignore[misc]
@@ -282,9 +331,17 @@ class LocalCluster:
             if kwok_names:
                 self._start_kwok(bins)
             for i, name in enumerate(process_names):
-                argv = [sys.executable, "-m", "finetune_localcluster.process_node", f"--kubeconfig={kc}",
-                        f"--name={name}", f"--workdir={self.workdir / name}", f"--pod-cidr=127.2.{i}.0/24",
-                        f"--gpus={self.gpus_per_node}", f"--gpu-product={self.gpu_product}"]
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "finetune_localcluster.process_node",
+                    f"--kubeconfig={kc}",
+                    f"--name={name}",
+                    f"--workdir={self.workdir / name}",
+                    f"--pod-cidr=127.2.{i}.0/24",
+                    f"--gpus={self.gpus_per_node}",
+                    f"--gpu-product={self.gpu_product}",
+                ]
                 self._start(name, argv + (["--taint"] if self.taint_process_nodes else []))
             self._wait("nodes Ready", lambda: self._nodes_ready(kube, kwok_names + process_names), None)
         finally:
@@ -294,11 +351,18 @@ class LocalCluster:
     def _start_kwok(self, bins: Binaries) -> None:
         stages = self.workdir / "kwok-stages.yaml"
         stages.write_text("\n---\n".join((bins.kwok_stages / f).read_text() for f in KWOK_STAGE_FILES))
-        self._start("kwok", [
-            str(bins.kwok), f"--kubeconfig={self.kubeconfig}", f"--config={stages}",
-            f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
-            f"--cidr={KWOK_POD_CIDR}", "--node-ip=127.0.0.1", "--node-lease-duration-seconds=40",
-        ])
+        self._start(
+            "kwok",
+            [
+                str(bins.kwok),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={stages}",
+                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+                f"--cidr={KWOK_POD_CIDR}",
+                "--node-ip=127.0.0.1",
+                "--node-lease-duration-seconds=40",
+            ],
+        )
 
     def _nodes_ready(self, kube: Kube, names: list[str]) -> bool:
         for proc in self.procs:
@@ -317,11 +381,15 @@ class LocalCluster:
 
     def _write_kubeconfig(self, pki: Pki) -> None:
         cfg = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "local",
-            "clusters": [{"name": "local", "cluster": {
-                "server": self.server, "certificate-authority": str(pki.ca_cert)}}],
-            "users": [{"name": "admin", "user": {
-                "client-certificate": str(pki.admin_cert), "client-key": str(pki.admin_key)}}],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "local",
+            "clusters": [
+                {"name": "local", "cluster": {"server": self.server, "certificate-authority": str(pki.ca_cert)}}
+            ],
+            "users": [
+                {"name": "admin", "user": {"client-certificate": str(pki.admin_cert), "client-key": str(pki.admin_key)}}
+            ],
             "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
         }
         self.kubeconfig.write_text(yaml.safe_dump(cfg))
@@ -333,7 +401,10 @@ class LocalCluster:
         with open(log, "ab") as out:
             popen = subprocess.Popen(
                 argv if self.detach else with_parent_death_signal(argv),
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
                 start_new_session=True,
             )
         self._popens[popen.pid] = popen
@@ -369,8 +440,9 @@ class LocalCluster:
         last = ""
         while time.monotonic() < deadline:
             if proc is not None and self._popens[proc["pid"]].poll() is not None:
-                raise ClusterError(f"{proc['name']} exited while waiting for {what}; log tail:\n"
-                                   f"{_tail(Path(proc['log']))}")
+                raise ClusterError(
+                    f"{proc['name']} exited while waiting for {what}; log tail:\n{_tail(Path(proc['log']))}"
+                )
             try:
                 if check() is True:
                     return
@@ -384,10 +456,18 @@ class LocalCluster:
 
     def _save_state(self) -> None:
         if self.workdir.exists():
-            self.state_file.write_text(json.dumps({
-                "procs": self.procs, "server": self.server, "kubeconfig": str(self.kubeconfig),
-                "gpu_nodes": self.gpu_nodes, "process_nodes": self.process_nodes,
-            }, indent=1))
+            self.state_file.write_text(
+                json.dumps(
+                    {
+                        "procs": self.procs,
+                        "server": self.server,
+                        "kubeconfig": str(self.kubeconfig),
+                        "gpu_nodes": self.gpu_nodes,
+                        "process_nodes": self.process_nodes,
+                    },
+                    indent=1,
+                )
+            )
 
 
 def _get(url: str, **kwargs: Any) -> requests.Response:

@@ -32,13 +32,21 @@ def _self_signed(directory: Path) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "process-node")])
     now = dt.datetime.now(dt.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=7)).sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=7))
+        .sign(key, hashes.SHA256())
+    )
     cert_path, key_path = directory / "kubelet.crt", directory / "kubelet.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return cert_path, key_path
 
 
@@ -67,7 +75,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         data = log.read_bytes()
         if "tailLines" in query:
-            data = b"".join(data.splitlines(keepends=True)[-int(query["tailLines"][0]):])
+            data = b"".join(data.splitlines(keepends=True)[-int(query["tailLines"][0]) :])
         self.wfile.write(data)
         if query.get("follow", ["false"])[0] != "true":
             return

@@ -80,24 +80,39 @@ def _builder(subject: x509.Name, issuer: x509.Name, public: ec.EllipticCurvePubl
 def make_pki(directory: Path, service_ip: str) -> Pki:
     """Write a CA, an apiserver serving cert, an admin client cert and a service-account key pair."""
     directory.mkdir(parents=True, exist_ok=True)
-    pki = Pki(*(directory / n for n in (
-        "ca.crt", "ca.key", "apiserver.crt", "apiserver.key", "admin.crt", "admin.key", "sa.key", "sa.pub"
-    )))
+    pki = Pki(
+        *(
+            directory / n
+            for n in (
+                "ca.crt",
+                "ca.key",
+                "apiserver.crt",
+                "apiserver.key",
+                "admin.crt",
+                "admin.key",
+                "sa.key",
+                "sa.pub",
+            )
+        )
+    )
     ca_key = _key()
     ca_name = _name("finetune-localcluster-ca")
     ca = (
         _builder(ca_name, ca_name, ca_key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
-        )
+        .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
         .sign(ca_key, hashes.SHA256())
     )
     _write_key(pki.ca_key, ca_key)
     pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
 
-    def leaf(cert_path: Path, key_path: Path, subject: x509.Name, usage: x509.ObjectIdentifier,
-             sans: list[x509.GeneralName] | None = None) -> None:
+    def leaf(
+        cert_path: Path,
+        key_path: Path,
+        subject: x509.Name,
+        usage: x509.ObjectIdentifier,
+        sans: list[x509.GeneralName] | None = None,
+    ) -> None:
         key = _key()
         builder = (
             _builder(subject, ca_name, key.public_key())
@@ -117,8 +132,6 @@ def make_pki(directory: Path, service_ip: str) -> Pki:
     sa_key = _key()
     _write_key(pki.sa_key, sa_key)
     pki.sa_pub.write_bytes(
-        sa_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+        sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return pki

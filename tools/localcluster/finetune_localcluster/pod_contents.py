@@ -46,11 +46,17 @@ class PodView:
         self.ns: str = self.meta["namespace"]
 
     def field_value(self, path: str) -> str:
-        simple = {"metadata.name": self.meta["name"], "metadata.namespace": self.ns,
-                  "metadata.uid": self.meta["uid"], "spec.nodeName": self.node_name,
-                  "status.podIP": self.ip, "status.podIPs": self.ip,
-                  "status.hostIP": "127.0.0.1", "status.hostIPs": "127.0.0.1",
-                  "spec.serviceAccountName": self.spec.get("serviceAccountName", "default")}
+        simple = {
+            "metadata.name": self.meta["name"],
+            "metadata.namespace": self.ns,
+            "metadata.uid": self.meta["uid"],
+            "spec.nodeName": self.node_name,
+            "status.podIP": self.ip,
+            "status.podIPs": self.ip,
+            "status.hostIP": "127.0.0.1",
+            "status.hostIPs": "127.0.0.1",
+            "spec.serviceAccountName": self.spec.get("serviceAccountName", "default"),
+        }
         if path in simple:
             return str(simple[path])
         m = _LABEL_REF.fullmatch(path)
@@ -118,8 +124,11 @@ class PodView:
             elif "projected" in v:
                 sources = [(k, s[k]) for s in v["projected"]["sources"] for k in ("configMap", "secret") if k in s]
             elif "downwardAPI" in v:
-                files = {i["path"]: self.field_value(i["fieldRef"]["fieldPath"]).encode()
-                         for i in v["downwardAPI"]["items"] if "fieldRef" in i}
+                files = {
+                    i["path"]: self.field_value(i["fieldRef"]["fieldPath"]).encode()
+                    for i in v["downwardAPI"]["items"]
+                    if "fieldRef" in i
+                }
             else:
                 raise NotReadyYet(f"volume {v['name']}: type not supported by the process node")
             for kind, ref in sources:
@@ -142,8 +151,11 @@ def hosts_file(pod: Obj, ip: str, namespace_pods: list[Obj]) -> str:
     """/etc/hosts content: this pod, and `<hostname>.<subdomain>.<ns>.svc[.cluster.local]`
     of every pod of the namespace that has a subdomain and an IP (what cluster DNS answers
     for a headless Service named like the subdomain)."""
-    lines = ["# written by the finetune_localcluster process node", "127.0.0.1\tlocalhost",
-             "::1\tlocalhost ip6-localhost ip6-loopback"]
+    lines = [
+        "# written by the finetune_localcluster process node",
+        "127.0.0.1\tlocalhost",
+        "::1\tlocalhost ip6-localhost ip6-loopback",
+    ]
     own_uid, ns = pod["metadata"]["uid"], pod["metadata"]["namespace"]
     others = [p for p in namespace_pods if p["metadata"]["uid"] != own_uid]
     for other in [pod, *others]:

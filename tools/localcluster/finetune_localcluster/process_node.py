@@ -138,8 +138,18 @@ class PodRun:
 class ProcessNode:
     """The agent. `run(stop)` registers the Node and syncs pods until `stop` is set."""
 
-    def __init__(self, kube: Kube, name: str, *, workdir: Path, pod_cidr: str, pvc_root: Path,
-                 gpus: int = 8, gpu_product: str = "NVIDIA-A100-SXM4-80GB", taint: bool = True) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        name: str,
+        *,
+        workdir: Path,
+        pod_cidr: str,
+        pvc_root: Path,
+        gpus: int = 8,
+        gpu_product: str = "NVIDIA-A100-SXM4-80GB",
+        taint: bool = True,
+    ) -> None:
         self.kube, self.name, self.workdir, self.pvc_root = kube, name, workdir, pvc_root
         self.pod_cidr, self.gpus, self.gpu_product, self.taint = pod_cidr, gpus, gpu_product, taint
         self.free_ips = [str(ip) for ip in ipaddress.ip_network(pod_cidr).hosts()]
@@ -151,32 +161,74 @@ class ProcessNode:
     # -- node ------------------------------------------------------------------------------
     def _conditions(self) -> list[Obj]:
         t = now()
-        spec = [("Ready", "True", "KubeletReady"),
-                ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
-                ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
-                ("PIDPressure", "False", "KubeletHasSufficientPID")]
-        return [{"type": k, "status": s, "reason": r, "message": "process node", "lastHeartbeatTime": t,
-                 "lastTransitionTime": t} for k, s, r in spec]
+        spec = [
+            ("Ready", "True", "KubeletReady"),
+            ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+            ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
+            ("PIDPressure", "False", "KubeletHasSufficientPID"),
+        ]
+        return [
+            {
+                "type": k,
+                "status": s,
+                "reason": r,
+                "message": "process node",
+                "lastHeartbeatTime": t,
+                "lastTransitionTime": t,
+            }
+            for k, s, r in spec
+        ]
 
     def register(self) -> None:
-        res = {"cpu": str(os.cpu_count() or 1), "memory": "64Gi", "pods": "110",
-               "ephemeral-storage": "100Gi", "nvidia.com/gpu": str(self.gpus)}
+        res = {
+            "cpu": str(os.cpu_count() or 1),
+            "memory": "64Gi",
+            "pods": "110",
+            "ephemeral-storage": "100Gi",
+            "nvidia.com/gpu": str(self.gpus),
+        }
         node = {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": self.name, "labels": {
-                PROCESS_NODE_LABEL: "true", "kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64", "nvidia.com/gpu.present": "true",
-                "nvidia.com/gpu.product": self.gpu_product, "nvidia.com/gpu.count": str(self.gpus)}},
-            "spec": {"podCIDR": self.pod_cidr, "podCIDRs": [self.pod_cidr],
-                     "taints": [PROCESS_NODE_TAINT] if self.taint else []},
-            "status": {"capacity": res, "allocatable": res, "conditions": self._conditions(),
-                       "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                                     {"type": "Hostname", "address": self.name}],
-                       "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_port}},
-                       "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux", "bootID": "",
-                                    "containerRuntimeVersion": "process://0", "kernelVersion": os.uname().release,
-                                    "kubeProxyVersion": "", "kubeletVersion": "v1.35.4", "machineID": "",
-                                    "osImage": "finetune_localcluster process node", "systemUUID": ""}},
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.name,
+                "labels": {
+                    PROCESS_NODE_LABEL: "true",
+                    "kubernetes.io/hostname": self.name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "nvidia.com/gpu.present": "true",
+                    "nvidia.com/gpu.product": self.gpu_product,
+                    "nvidia.com/gpu.count": str(self.gpus),
+                },
+            },
+            "spec": {
+                "podCIDR": self.pod_cidr,
+                "podCIDRs": [self.pod_cidr],
+                "taints": [PROCESS_NODE_TAINT] if self.taint else [],
+            },
+            "status": {
+                "capacity": res,
+                "allocatable": res,
+                "conditions": self._conditions(),
+                "addresses": [
+                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "Hostname", "address": self.name},
+                ],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_port}},
+                "nodeInfo": {
+                    "architecture": "amd64",
+                    "operatingSystem": "linux",
+                    "bootID": "",
+                    "containerRuntimeVersion": "process://0",
+                    "kernelVersion": os.uname().release,
+                    "kubeProxyVersion": "",
+                    "kubeletVersion": "v1.35.4",
+                    "machineID": "",
+                    "osImage": "finetune_localcluster process node",
+                    "systemUUID": "",
+                },
+            },
         }
         try:
             self.kube.create("/api/v1/nodes", node)
@@ -188,11 +240,21 @@ class ProcessNode:
 
     def heartbeat(self) -> None:
         self._beat_at = time.monotonic()
-        self.kube.merge_patch(f"/api/v1/nodes/{self.name}/status", {"status": {
-            "conditions": self._conditions(), "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_port}}}})
+        self.kube.merge_patch(
+            f"/api/v1/nodes/{self.name}/status",
+            {
+                "status": {
+                    "conditions": self._conditions(),
+                    "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_port}},
+                }
+            },
+        )
         path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.name}"
-        spec = {"holderIdentity": self.name, "leaseDurationSeconds": 40,
-                "renewTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+        spec = {
+            "holderIdentity": self.name,
+            "leaseDurationSeconds": 40,
+            "renewTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        }
         try:
             self.kube.merge_patch(path, {"spec": spec})
         except KubeError as exc:
@@ -255,9 +317,13 @@ class ProcessNode:
         pod_dir = self.workdir / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
         pod_dir.mkdir(parents=True, exist_ok=True)
         print(f"admit {meta['namespace']}/{meta['name']} in {pod_dir}", flush=True)
-        return PodRun(pod=pod, dir=pod_dir, ip=self.free_ips.pop(0),
-                      inits=[Container(c, True) for c in spec.get("initContainers", [])],
-                      ctrs=[Container(c, False) for c in spec["containers"]])
+        return PodRun(
+            pod=pod,
+            dir=pod_dir,
+            ip=self.free_ips.pop(0),
+            inits=[Container(c, True) for c in spec.get("initContainers", [])],
+            ctrs=[Container(c, False) for c in spec["containers"]],
+        )
 
     def terminate(self, run: PodRun) -> None:
         """Graceful deletion: SIGTERM now, SIGKILL at the deadline, then delete the object."""
@@ -286,8 +352,10 @@ class ProcessNode:
     def _delete_object(self, pod: Obj) -> None:
         meta = pod["metadata"]
         with contextlib.suppress(KubeError):
-            self.kube.delete(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-                             {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}})
+            self.kube.delete(
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
+            )
 
     def step(self, run: PodRun) -> None:
         if run.kill_deadline is not None or run.pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
@@ -326,8 +394,13 @@ class ProcessNode:
 
     def finished(self, run: PodRun, c: Container, rc: int, policy: str) -> None:
         code = rc if rc >= 0 else 128 - rc
-        term: Obj = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "startedAt": c.started_at,
-                     "finishedAt": now(), "containerID": f"process://{c.proc.pid if c.proc else 0}"}
+        term: Obj = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": c.started_at,
+            "finishedAt": now(),
+            "containerID": f"process://{c.proc.pid if c.proc else 0}",
+        }
         message = (run.dir / "containers" / c.name / "termination-log").read_bytes()[:MAX_MESSAGE]
         if not message.strip() and code != 0 and c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
             message = b"\n".join((run.dir / f"{c.name}.log").read_bytes().splitlines()[-80:])[-2048:]
@@ -354,8 +427,10 @@ class ProcessNode:
         cdir = run.dir / "containers" / c.name
         cdir.mkdir(parents=True, exist_ok=True)
         (cdir / "termination-log").write_bytes(b"")
-        mounts = [(run.dir / "hosts", "/etc/hosts", False),
-                  (cdir / "termination-log", c.spec.get("terminationMessagePath") or "/dev/termination-log", False)]
+        mounts = [
+            (run.dir / "hosts", "/etc/hosts", False),
+            (cdir / "termination-log", c.spec.get("terminationMessagePath") or "/dev/termination-log", False),
+        ]
         for m in c.spec.get("volumeMounts", []):
             src = run.volumes[m["name"]] / m.get("subPath", "")
             if m.get("subPath"):
@@ -374,10 +449,27 @@ class ProcessNode:
         lines += [f"mkdir -p {shlex.quote(workdir)}", f"cd {shlex.quote(workdir)}", 'exec "$@"']
         with open(run.dir / f"{c.name}.log", "ab") as log:
             c.proc = subprocess.Popen(
-                with_parent_death_signal(["unshare", "--mount", "--uts", "--propagation", "private",
-                                          "/bin/sh", "-c", "\n".join(lines), "sh", *argv]),
-                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=run.dir,
-                start_new_session=True)
+                with_parent_death_signal(
+                    [
+                        "unshare",
+                        "--mount",
+                        "--uts",
+                        "--propagation",
+                        "private",
+                        "/bin/sh",
+                        "-c",
+                        "\n".join(lines),
+                        "sh",
+                        *argv,
+                    ]
+                ),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=run.dir,
+                start_new_session=True,
+            )
         if "terminated" in c.state:
             c.last_state, c.restarts = c.state, c.restarts + 1
         c.started_at, c.started_mono, c.probe_at, c.env = now(), time.monotonic(), 0.0, env
@@ -449,8 +541,16 @@ class ProcessNode:
             state = {"waiting": {"reason": "ContainerCreating", "message": run.error}}
         elif "terminated" in state and not c.done:  # restart pending: back-off, as a kubelet shows it
             state, last = {"waiting": {"reason": "CrashLoopBackOff", "message": f"back-off restarting {c.name}"}}, state
-        return {"name": c.name, "image": c.spec.get("image", ""), "imageID": "", "ready": c.ready,
-                "started": "running" in state, "restartCount": c.restarts, "state": state, "lastState": last}
+        return {
+            "name": c.name,
+            "image": c.spec.get("image", ""),
+            "imageID": "",
+            "ready": c.ready,
+            "started": "running" in state,
+            "restartCount": c.restarts,
+            "state": state,
+            "lastState": last,
+        }
 
     def report(self, run: PodRun) -> None:
         if run.pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
@@ -463,13 +563,24 @@ class ProcessNode:
         else:
             phase = "Running" if inits_ok and any(c.started_at for c in run.ctrs) else "Pending"
         ready = phase == "Running" and all(c.ready for c in run.ctrs)
-        conditions = [self._cond(run, "PodReadyToStartContainers", run.prepared),
-                      self._cond(run, "Initialized", inits_ok), self._cond(run, "ContainersReady", ready),
-                      self._cond(run, "Ready", ready), self._cond(run, "PodScheduled", True)]
-        status = {"phase": phase, "conditions": conditions, "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
-                  "podIP": run.ip, "podIPs": [{"ip": run.ip}], "startTime": run.start_time,
-                  "containerStatuses": [self._ctr_status(run, c) for c in run.ctrs],
-                  "initContainerStatuses": [self._ctr_status(run, c) for c in run.inits]}
+        conditions = [
+            self._cond(run, "PodReadyToStartContainers", run.prepared),
+            self._cond(run, "Initialized", inits_ok),
+            self._cond(run, "ContainersReady", ready),
+            self._cond(run, "Ready", ready),
+            self._cond(run, "PodScheduled", True),
+        ]
+        status = {
+            "phase": phase,
+            "conditions": conditions,
+            "hostIP": "127.0.0.1",
+            "hostIPs": [{"ip": "127.0.0.1"}],
+            "podIP": run.ip,
+            "podIPs": [{"ip": run.ip}],
+            "startTime": run.start_time,
+            "containerStatuses": [self._ctr_status(run, c) for c in run.ctrs],
+            "initContainerStatuses": [self._ctr_status(run, c) for c in run.inits],
+        }
         if status != run.sent:
             self.kube.merge_patch(run.path + "/status", {"status": status})
             run.sent = status
@@ -512,9 +623,16 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     args.workdir.mkdir(parents=True, exist_ok=True)
-    node = ProcessNode(Kube(args.kubeconfig), args.name, workdir=args.workdir, pod_cidr=args.pod_cidr,
-                       pvc_root=args.pvc_root or args.workdir.parent / "pvc", gpus=args.gpus,
-                       gpu_product=args.gpu_product, taint=args.taint)
+    node = ProcessNode(
+        Kube(args.kubeconfig),
+        args.name,
+        workdir=args.workdir,
+        pod_cidr=args.pod_cidr,
+        pvc_root=args.pvc_root or args.workdir.parent / "pvc",
+        gpus=args.gpus,
+        gpu_product=args.gpu_product,
+        taint=args.taint,
+    )
     node.run(stop)
     return 0
 

@@ -1,0 +1,167 @@
+"""Benchmark (e): predicted per-GPU bytes vs `torch.cuda.max_memory_allocated()` on a real GPU.
+
+One process, one GPU, real DeepSpeed (NCCL, world size 1), random-init Llama-shaped
+models generated here. For each configuration it runs three optimizer steps, takes the
+allocator's peak and prints it beside the planner's per-GPU bytes without the runtime
+overhead term (the CUDA context and library workspaces are not allocator memory).
+Target: within 10 %.
+
+    .venv/bin/python benchmarks/planner_gpu/run_gpu_ground_truth.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "operator"))
+
+SHAPES: dict[str, dict[str, int]] = {
+    "llama-150m": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12},
+    "llama-1b": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 16, "num_attention_heads": 16},
+    "llama-3b": {"hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 26, "num_attention_heads": 24},
+}
+CONFIGS: list[dict[str, Any]] = [
+    {"shape": "llama-1b", "method": "lora", "stage": 0, "ckpt": False, "micro": 4, "seq": 1024},
+    {"shape": "llama-1b", "method": "lora", "stage": 0, "ckpt": True, "micro": 8, "seq": 2048},
+    {"shape": "llama-1b", "method": "full", "stage": 2, "ckpt": True, "micro": 2, "seq": 2048},
+    {"shape": "llama-1b", "method": "full", "stage": 3, "ckpt": False, "micro": 2, "seq": 1024},
+    {"shape": "llama-3b", "method": "lora", "stage": 3, "ckpt": True, "micro": 4, "seq": 4096},
+    {"shape": "llama-3b", "method": "full", "stage": 2, "ckpt": True, "micro": 1, "seq": 2048, "offload": "cpu"},
+    {"shape": "llama-150m", "method": "full", "stage": 0, "ckpt": False, "micro": 8, "seq": 1024},
+]
+
+
+def model_config(shape: str) -> dict[str, Any]:
+    dims = SHAPES[shape]
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 32000,
+        "num_key_value_heads": dims["num_attention_heads"],
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        **dims,
+    }
+
+
+def spec_for(config_dir: str, case: dict[str, Any]) -> Any:
+    from finetune_operator.api.spec import FineTuneJobSpec
+
+    return FineTuneJobSpec.from_wire(
+        {
+            "model": {"uri": config_dir},
+            "dataset": {"uri": "builtin://reverse-words", "maxSeqLength": case["seq"]},
+            "method": {"type": case["method"]},
+            "training": {
+                "microBatchSize": case["micro"],
+                "globalBatchSize": case["micro"],
+                "gradientCheckpointing": "true" if case["ckpt"] else "false",
+            },
+            "resources": {"numNodes": 1, "gpusPerNode": 1, "gpuMemory": "141Gi"},
+            "deepspeed": {
+                "zeroStage": case["stage"],
+                "offloadOptimizer": case.get("offload", "none"),
+                "offloadParams": "none",
+            },
+            "output": {"uri": "/tmp/out"},
+        }
+    )
+
+
+def run_case(case: dict[str, Any], workdir: Path) -> tuple[int, int]:
+    import deepspeed
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from finetune_operator.plan import plan_job
+    from finetune_operator.plan.meta_count import build_config
+    from finetune_operator.render.deepspeed_config import deepspeed_config
+
+    config_dir = workdir / case["shape"]
+    config_dir.mkdir(exist_ok=True)
+    (config_dir / "config.json").write_text(json.dumps(model_config(case["shape"])))
+    spec = spec_for(str(config_dir), case)
+    result = plan_job(spec, require_fit=False)
+    assert result.chosen is not None or result.candidates
+    candidate = result.chosen or result.candidates[0]
+    plan = result.to_status(candidate)
+    predicted = candidate.per_gpu_bytes - candidate.memory.breakdown["overhead"]
+
+    ds_config = deepspeed_config(spec, plan)
+    ds_config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-4}}
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    with deepspeed.zero.Init(enabled=case["stage"] == 3, config_dict_or_path=ds_config):
+        model = AutoModelForCausalLM.from_config(build_config(model_config(case["shape"])), dtype=torch.bfloat16)
+    if case["ckpt"]:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if case["method"] != "full":
+        import peft
+
+        model = peft.get_peft_model(
+            model, peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear")
+        )
+    params = [p for p in model.parameters() if p.requires_grad]
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config)
+    tokens = torch.randint(0, 32000, (case["micro"], case["seq"]), device=engine.device)
+    mask = torch.ones_like(tokens)
+    for _ in range(3):
+        loss = engine(input_ids=tokens, attention_mask=mask, labels=tokens).loss
+        engine.backward(loss)
+        engine.step()
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated()
+    engine.destroy()
+    del engine, model
+    torch.cuda.empty_cache()
+    return predicted, measured
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="only the first three configurations")
+    args = parser.parse_args()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    import deepspeed
+    import torch
+
+    deepspeed.init_distributed(dist_backend="nccl")
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, deepspeed {deepspeed.__version__}")
+    print(f"{'configuration':58} {'predicted GiB':>13} {'measured GiB':>12} {'diff':>7} {'s':>6}")
+    cases = CONFIGS[:3] if args.quick else CONFIGS
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in cases:
+            started = time.perf_counter()
+            label = (
+                f"{case['shape']} {case['method']} ZeRO-{case['stage']} opt={case.get('offload', 'none')} "
+                f"mb={case['micro']} seq={case['seq']}{' ckpt' if case['ckpt'] else ''}"
+            )
+            try:
+                predicted, measured = run_case(case, Path(tmp))
+            except Exception as exc:  # report and continue: one failing configuration must not hide the others
+                print(f"{label:58} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                continue
+            diff = (predicted - measured) / measured * 100
+            print(
+                f"{label:58} {predicted / 2**30:13.2f} {measured / 2**30:12.2f} {diff:+6.1f}% "
+                f"{time.perf_counter() - started:6.1f}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""Benchmark (c): traced activation peak vs the analytical activation + logits terms.
+
+Each catalogue family is cut to a few layers (the per-layer terms are what is being
+checked; the full depth only multiplies them), traced with fake tensors at the given
+sequence length, and compared with `activations.py`.
+
+    .venv/bin/python benchmarks/planner_traced_vs_analytical.py [--seq 1024] [--layers 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
+
+MODELS = [
+    "tiny-llama",
+    "llama-2-7b",
+    "llama-3.1-8b",
+    "mistral-7b",
+    "qwen2.5-7b",
+    "gemma-2-9b",
+    "phi-3-mini",
+    "mixtral-8x7b",
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--models", nargs="*", default=MODELS)
+    args = parser.parse_args()
+
+    from finetune_operator.api.spec import FineTuneJobSpec
+    from finetune_operator.plan.activations import activation_bytes
+    from finetune_operator.plan.model_source import catalogue_entry
+    from finetune_operator.plan.traced import trace_training_step
+    from finetune_operator.plan.workload import workload_from_spec
+
+    mib = 2**20
+    print(f"seq {args.seq}, micro-batch 1, {args.layers} layers per model, bf16, LoRA r=16 all-linear dropout 0.05")
+    print(f"{'model':14} {'method':6} {'ckpt':5} {'traced MiB':>10} {'analytical':>10} {'diff':>7} {'trace s':>8}")
+    worst = 0.0
+    for model in args.models:
+        config = catalogue_entry(model).config
+        layers = min(args.layers, int(config["num_hidden_layers"]))
+        for method in ("lora", "full"):
+            spec = FineTuneJobSpec.from_wire(
+                {
+                    "model": {"uri": "org/model", "architecture": model},
+                    "dataset": {"uri": "builtin://reverse-words", "maxSeqLength": args.seq},
+                    "method": {"type": method},
+                    "output": {"uri": "/out"},
+                }
+            )
+            w = workload_from_spec(spec)
+            w = dataclasses.replace(w, shape=dataclasses.replace(w.shape, num_layers=layers))
+            for ckpt in (False, True):
+                traced = trace_training_step(
+                    config | {"num_hidden_layers": layers},
+                    1,
+                    args.seq,
+                    lora_r=None if method == "full" else 16,
+                    lora_dropout=w.lora_dropout,
+                    gradient_checkpointing=ckpt,
+                )
+                ours = activation_bytes(w, 1, ckpt)
+                total = ours.activations + ours.logits
+                diff = (total - traced.peak_bytes) / traced.peak_bytes * 100
+                worst = max(worst, abs(diff))
+                print(
+                    f"{model:14} {method:6} {ckpt!s:5} {traced.peak_bytes / mib:10.1f} {total / mib:10.1f} "
+                    f"{diff:+6.1f}% {traced.seconds:8.2f}",
+                    flush=True,
+                )
+    print(f"largest disagreement: {worst:.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
