@@ -30,36 +30,60 @@ RECONCILE = Row(
         Panel(
             "Reconcile rate by result",
             (Target(f"sum by (result) (rate(finetune_operator_reconcile_total{{{CONTROLLER}}}{RATE}))", "{{result}}"),),
-            unit="ops", stacked=True, width=8,
+            unit="ops",
+            stacked=True,
+            width=8,
         ),
         Panel(
             "Error ratio",
-            (Target(f"sum(rate(finetune_operator_reconcile_errors_total{{{CONTROLLER}}}{RATE}))"
-                    f" / sum(rate(finetune_operator_reconcile_total{{{CONTROLLER}}}{RATE}))", "errors"),),
-            unit="percentunit", width=8, min_value=0, thresholds=((0.05, "red"),),
+            (
+                Target(
+                    f"sum(rate(finetune_operator_reconcile_errors_total{{{CONTROLLER}}}{RATE}))"
+                    f" / sum(rate(finetune_operator_reconcile_total{{{CONTROLLER}}}{RATE}))",
+                    "errors",
+                ),
+            ),
+            unit="percentunit",
+            width=8,
+            min_value=0,
+            thresholds=((0.05, "red"),),
             description="Reconciliations that raised, over all reconciliations (empty while idle).",
         ),
         Panel("Reconcile latency", (_latency(0.5), _latency(0.99)), unit="s", width=8),
         Panel(
             "Active workers",
             (Target(f"sum(finetune_operator_active_workers{{{CONTROLLER}}})", "workers"),),
-            width=8, min_value=0, description="Reconciliations running right now.",
+            width=8,
+            min_value=0,
+            description="Reconciliations running right now.",
         ),
         Panel(
             "Operator build",
             (Target("finetune_operator_build_info", "{{version}}"),),
-            kind="stat", width=4, height=8,
+            kind="stat",
+            width=4,
+            height=8,
         ),
         Panel(
             "Gang restarts in range",
-            (Target(f"sum(increase(finetune_operator_job_restarts_total{{{NAMESPACE}}}[$__range])) or on () vector(0)",
-                    "restarts"),),
-            kind="stat", width=4, height=8, thresholds=((1, "orange"),),
+            (
+                Target(
+                    f"sum(increase(finetune_operator_job_restarts_total{{{NAMESPACE}}}[$__range])) or on () vector(0)",
+                    "restarts",
+                ),
+            ),
+            kind="stat",
+            width=4,
+            height=8,
+            thresholds=((1, "orange"),),
         ),
         Panel(
             "Re-plans in range",
             (Target("sum(increase(finetune_operator_replans_total[$__range])) or on () vector(0)", "re-plans"),),
-            kind="stat", width=8, height=8, thresholds=((1, "orange"),),
+            kind="stat",
+            width=8,
+            height=8,
+            thresholds=((1, "orange"),),
             description="A re-plan follows an out-of-memory failure: the job moved to a more frugal plan.",
         ),
     ),
@@ -71,13 +95,17 @@ JOBS = Row(
         Panel(
             "Jobs by condition",
             (Target(f"sum by (condition) (finetune_operator_jobs{{{NAMESPACE}}})", "{{condition}}"),),
-            stacked=True, min_value=0,
+            stacked=True,
+            min_value=0,
         ),
         Panel(
             "Restarts and re-plans",
             (
-                Target(f"sum by (namespace) (increase(finetune_operator_job_restarts_total{{{NAMESPACE}}}{RATE}))"
-                       " or on () vector(0)", "restarts {{namespace}}"),
+                Target(
+                    f"sum by (namespace) (increase(finetune_operator_job_restarts_total{{{NAMESPACE}}}{RATE}))"
+                    " or on () vector(0)",
+                    "restarts {{namespace}}",
+                ),
                 Target(f"sum by (reason) (increase(finetune_operator_replans_total{RATE}))", "re-plan: {{reason}}"),
             ),
             min_value=0,
@@ -91,8 +119,9 @@ OPERATOR = Dashboard(
     description="The finetune-operator controller: reconcile rate, errors, latency, workers, jobs, restarts.",
     tags=("finetune-operator", "operator"),
     variables=(
-        Variable("namespace", "Namespace", "label_values(finetune_operator_jobs, namespace)",
-                 multi=True, include_all=True),
+        Variable(
+            "namespace", "Namespace", "label_values(finetune_operator_jobs, namespace)", multi=True, include_all=True
+        ),
     ),
     rows=(RECONCILE, JOBS),
 )

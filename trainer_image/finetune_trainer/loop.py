@@ -20,7 +20,7 @@ from . import builtin, checkpoint, evaluation, export, modeling
 from .data.batching import EpochSampler, Row, collate, pack, unpacked
 from .data.formats import prompt_and_answer
 from .data.loading import DataError, load_samples
-from .metrics import ProgressMetrics
+from .metrics import RankMetrics
 from .schedule import lr_lambda
 from .settings import JobConfig
 
@@ -63,7 +63,7 @@ def split_validation(n: int, fraction: float, seed: int) -> tuple[list[int], lis
 
 
 class Trainer:
-    def __init__(self, cfg: JobConfig, local_rank: int, metrics: ProgressMetrics | None, progress: bool) -> None:
+    def __init__(self, cfg: JobConfig, local_rank: int, metrics: RankMetrics | None, progress: bool) -> None:
         self.cfg = cfg
         self.spec = cfg.job.spec
         self.plan = cfg.plan
@@ -115,6 +115,8 @@ class Trainer:
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
         )
+        if self.metrics is not None:
+            self.metrics.engine_ready(self.engine)
         if rank == 0:
             log.info(
                 "model %s: %s, %d/%d trainable parameters, ZeRO-%d, micro-batch %d x accumulation %d x world %d, "
@@ -210,7 +212,7 @@ class Trainer:
             result["exact_match"] = accuracy
             result["examples"] = [{"expected": e, "got": g} for e, g in examples]
         if self.metrics is not None and loss is not None:
-            self.metrics.eval_loss.set(loss)
+            self.metrics.progress.eval_loss.set(loss)
         return result
 
     # ---- the loop -----------------------------------------------------------------------
@@ -246,9 +248,11 @@ class Trainer:
         spec_t = self.spec.training
         bar = self._progress_bar(start)
         if self.metrics is not None:
-            self.metrics.max_steps.set(self.total_steps)
-            self.metrics.global_step.set(start)
+            self.metrics.progress.max_steps.set(self.total_steps)
+            self.metrics.progress.global_step.set(start)
         for step in range(start, self.total_steps):
+            if self.metrics is not None:
+                self.metrics.step_started()
             began = time.perf_counter()
             wait = 0.0
             loss_sum = 0.0

@@ -53,7 +53,7 @@ def run_rank(config_dir: str) -> int:
     signal.signal(signal.SIGTERM, _raise_stopped)
     try:
         from .loop import Trainer, write_json_atomic
-        from .metrics import ProgressMetrics, new_registry, serve
+        from .metrics import RankMetrics, metrics_enabled, new_registry, serve
         from .settings import load_config
 
         cfg = load_config(config_dir)
@@ -66,16 +66,19 @@ def run_rank(config_dir: str) -> int:
             torch.cuda.set_device(local_rank)
         minutes = float(os.environ.get("FTJOB_DIST_TIMEOUT_MINUTES", "30"))
         deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(minutes=minutes))
-        registry = new_registry()
-        info = {
-            "rank": str(rank),
-            "local_rank": str(local_rank),
-            "zero_stage": str(cfg.plan.zero_stage),
-            "method": str(cfg.job.spec.method.type),
-            "UUID": _gpu_uuid(local_rank),
-        }
-        metrics = ProgressMetrics(registry, info)
-        serve(registry, local_rank)
+        metrics = None
+        if metrics_enabled():
+            registry = new_registry()
+            info = {
+                "rank": str(rank),
+                "local_rank": str(local_rank),
+                "zero_stage": str(cfg.plan.zero_stage),
+                "method": str(cfg.job.spec.method.type),
+                "UUID": _gpu_uuid(local_rank),
+            }
+            planned = cfg.plan.breakdown.model_dump(by_alias=False)
+            metrics = RankMetrics(registry, info, on_gpu=torch.cuda.is_available(), planned=planned)
+            serve(registry, local_rank)
         trainer = Trainer(cfg, local_rank, metrics, progress=os.environ.get("FTJOB_PROGRESS") == "1")
         trainer.setup()
         summary = trainer.run()

@@ -1,9 +1,10 @@
 """The kopf wiring: thin handlers that hand every FineTuneJob to the Reconciler.
 
-Pods and StatefulSets carrying our job label are kept in kopf indexes, so a
-reconciliation reads its children from memory. Create, resume and spec updates
-re-apply everything; a timer reconciles every few seconds to follow pods, progress,
-deadlines and TTLs. Handler progress lives in annotations, never in our status.
+Pods and StatefulSets carrying our job label are kept in kopf indexes (as the small
+views decisions need), so a reconciliation reads its children from memory. Every event
+of a job is reconciled (level-based, idempotent, no API call when nothing changes); a
+timer follows pods, progress, deadlines and TTLs; resume re-applies every child once
+after an operator restart. No kopf progress annotations are written per change.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from ..api.job import GROUP, PLURAL, VERSION
 from ..reconcile.lifecycle import Event
+from ..reconcile.observed import Observed, WorkersView, pod_view, workers_view
 from ..reconcile.runner import Outcome, Reconciler
 from ..render.identity import JOB_NAME_LABEL
 
@@ -28,7 +30,7 @@ log = logging.getLogger("finetune_operator")
 @dataclass(frozen=True)
 class HandlerSettings:
     interval_seconds: float = 5.0
-    max_workers: int = 8
+    max_workers: int = 32
 
 
 def post_event(body: Mapping[str, Any], event: Event) -> None:
@@ -58,15 +60,7 @@ def connection_from_client() -> kopf.ConnectionInfo:
     )
 
 
-def _plain(body: Any) -> dict[str, Any]:
-    return {
-        "metadata": dict(body.get("metadata", {})),
-        "spec": dict(body.get("spec", {}) or {}),
-        "status": dict(body.get("status", {}) or {}),
-    }
-
-
-def _first(values: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+def _first(values: Iterable[WorkersView]) -> WorkersView | None:
     return next(iter(values), None)
 
 
@@ -94,36 +88,41 @@ def build_registry(reconciler: Reconciler, settings: HandlerSettings) -> kopf.Op
 
     @kopf.index("pods", labels={JOB_NAME_LABEL: kopf.PRESENT}, id="pods_by_job", registry=registry)
     def pods_by_job(**kw: Any) -> dict[Any, Any]:
-        return {(kw["namespace"], kw["labels"][JOB_NAME_LABEL]): _plain(kw["body"])}
+        # only the small view the decisions need is kept: memory stays flat with many jobs
+        return {(kw["namespace"], kw["labels"][JOB_NAME_LABEL]): pod_view(kw["body"])}
 
     @kopf.index(
         "apps", "v1", "statefulsets", labels={JOB_NAME_LABEL: kopf.PRESENT}, id="workers_by_job", registry=registry
     )
     def workers_by_job(**kw: Any) -> dict[Any, Any]:
-        return {(kw["namespace"], kw["labels"][JOB_NAME_LABEL]): _plain(kw["body"])}
+        return {(kw["namespace"], kw["labels"][JOB_NAME_LABEL]): workers_view(kw["body"])}
 
     def run(kw: Mapping[str, Any], apply_all: bool) -> Outcome:
         key = (kw["namespace"], kw["name"])
-        pods = list(kw["pods_by_job"].get(key, []))
-        workers = _first(kw["workers_by_job"].get(key, []))
+        observed = Observed(
+            workers=_first(kw["workers_by_job"].get(key, [])), pods=tuple(kw["pods_by_job"].get(key, []))
+        )
         try:
-            return reconciler.reconcile(dict(kw["body"]), pods, workers, apply_all=apply_all)
+            return reconciler.reconcile(dict(kw["body"]), observed, apply_all=apply_all)
         except ApiException as exc:
             raise kopf.TemporaryError(f"apiserver said {exc.status} {exc.reason}", delay=2) from exc
 
-    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    def on_change(**kw: Any) -> None:
+        # level-based: every change of a job (spec, status, our own writes) is reconciled;
+        # a pass with nothing to do makes no API call
+        if (kw.get("type") or "") == "DELETED":
+            reconciler.forget(kw["uid"])
+            return
+        run(kw, apply_all=False)
+
     @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
-    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
-    def reconcile_spec(**kw: Any) -> None:
-        run(kw, apply_all=True)
+    def on_resume(**kw: Any) -> None:
+        run(kw, apply_all=True)  # after an operator restart, re-assert every child once
 
     @kopf.timer(GROUP, VERSION, PLURAL, interval=settings.interval_seconds, registry=registry)
     def follow(**kw: Any) -> None:
-        run(kw, apply_all=False)
-
-    @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, registry=registry)
-    def forget(**kw: Any) -> None:
-        reconciler.forget(kw["uid"])
+        run(kw, apply_all=False)  # pods, progress, deadlines and TTLs change without a job event
 
     @kopf.on.probe(id="reconciler", registry=registry)
     def reconciler_alive(**_kw: Any) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..api.spec import FineTuneJobSpec
 from .comm import StepTime, bytes_per_step, step_time
-from .memory import MemoryEstimate, Strategy, estimate_memory, frozen_weight_bytes
+from .memory import MemoryEstimate, Strategy, estimate_memory, frozen_weight_bytes, persisted_param_bytes
 from .workload import Workload
 
 GIB = 2**30
@@ -151,11 +151,12 @@ def evaluate(
     """Memory, traffic and step time of one strategy, and whether it fits."""
     memory = estimate_memory(workload, strategy, activation_override)
     stored = frozen_weight_bytes(workload) + workload.counts.trainable * workload.param_bytes
+    gathered = max(0.0, stored - persisted_param_bytes(workload))
     traffic = bytes_per_step(
         strategy.zero_stage,
         workload.world_size,
         workload.counts.trainable,
-        stored,
+        gathered,
         grad_bytes=workload.param_bytes,
         accumulation_steps=strategy.gradient_accumulation_steps,
         gradient_checkpointing=strategy.gradient_checkpointing,

@@ -59,7 +59,8 @@ def bytes_per_step(
 ) -> dict[str, int]:
     """Bytes one rank sends per optimizer step, by collective (and host/NVMe traffic).
 
-    `param_bytes_total` is the stored size of all parameters (what ZeRO-3 gathers);
+    `param_bytes_total` is the size of the parameters ZeRO-3 gathers (those above the
+    persistence threshold);
     `trainable_params` the number whose gradients are reduced.
     """
     world, steps = world_size, accumulation_steps
@@ -68,11 +69,12 @@ def bytes_per_step(
     out = dict.fromkeys(COLLECTIVES, 0.0)
     if zero_stage == 0:
         out["all_reduce"] = 2 * ring * grads
-    elif zero_stage == 1:
-        out["reduce_scatter"] = ring * grads
-        out["all_gather"] = ring * grads
-    elif zero_stage == 2:
-        out["reduce_scatter"] = steps * ring * grads
+    elif zero_stage in (1, 2):
+        # DeepSpeed (0.19, use_multi_rank_bucket_allreduce on by default) all-reduces the
+        # gradient buckets and keeps its partition, then all-gathers the updated weights;
+        # stage 2 reduces at every micro-step, stage 1 at the boundary
+        reduces = steps if zero_stage == 2 else 1
+        out["all_reduce"] = reduces * 2 * ring * grads
         out["all_gather"] = ring * grads
     else:
         gathers_per_micro_step = 3 if gradient_checkpointing else 2

@@ -109,6 +109,13 @@ def persistent_adapter_params(workload: Workload) -> int:
     return out
 
 
+def persisted_param_bytes(workload: Workload) -> float:
+    """Bytes of parameters ZeRO-3 never partitions nor gathers (below the persistence threshold)."""
+    threshold = workload.buffers.persistence_threshold
+    frozen_small = sum(g.params for g in workload.shape.groups if g.params_each < threshold)
+    return workload.param_bytes * (frozen_small + persistent_adapter_params(workload))
+
+
 def _gradient_bytes(workload: Workload, stage: int, offloaded: bool) -> float:
     trainable, world, e = workload.counts.trainable, workload.world_size, workload.param_bytes
     fp32_copy = FP32_BYTES if workload.mixed_precision else 0

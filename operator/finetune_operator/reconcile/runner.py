@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -27,11 +27,13 @@ from ..render.options import RenderOptions
 from . import metrics
 from .cluster_io import ClusterIO, Conflict, status_patch
 from .lifecycle import Decision, Event, PlanFailed, decide
-from .observed import Observed, observe
+from .observed import Observed
 from .progress import Sample, scrape, to_progress
 from .salvage import invalid_spec_status, salvage_status
 
 EventSink = Callable[[Mapping[str, Any], Event], None]
+PROGRESS_EVERY_SECONDS = 10.0
+"""How often rank 0's metrics are read (one small HTTP GET per running job)."""
 
 
 def plan_or_fail(spec: FineTuneJobSpec) -> PlanStatus:
@@ -52,6 +54,9 @@ class Outcome:
 
 
 class Reconciler:
+    """Decides on the body it is given and acts; status writes carry the body's resourceVersion,
+    so a write decided on a stale body is refused (409) and decided again on the next pass."""
+
     def __init__(self, cluster: ClusterIO, options: RenderOptions, sink: EventSink) -> None:
         self.cluster = cluster
         self.options = options
@@ -71,19 +76,14 @@ class Reconciler:
         self._samples.pop(uid, None)
         self.census.record(uid, "", None)
 
-    def reconcile(
-        self,
-        body: Mapping[str, Any],
-        pods: Iterable[Mapping[str, Any]],
-        statefulset: Mapping[str, Any] | None,
-        apply_all: bool = False,
-    ) -> Outcome:
+    def reconcile(self, body: Mapping[str, Any], observed: Observed, apply_all: bool = False) -> Outcome:
+        """Reconcile one job; `apply_all` (create, resume, spec change) re-applies every child."""
         uid = str(body.get("metadata", {}).get("uid", ""))
         started = time.monotonic()
         metrics.ACTIVE_WORKERS.labels(metrics.CONTROLLER).inc()
         try:
             with self._lock(uid):
-                outcome = self._reconcile(dict(body), observe(statefulset, list(pods)), apply_all)
+                outcome = self._reconcile(dict(body), observed, apply_all)
         except Exception:
             metrics.RECONCILE_ERRORS.labels(metrics.CONTROLLER).inc()
             metrics.RECONCILE_TOTAL.labels(metrics.CONTROLLER, "error").inc()
@@ -105,12 +105,17 @@ class Reconciler:
         if not effects:
             self.census.record(job.metadata.uid or "", namespace, decision.status.state)
             return Outcome(decision, False, False, decision.requeue_after)
-        fresh = self.cluster.read_job(namespace, name)
-        if fresh is None:
-            return Outcome(None, False, False, None)
-        decision, job = self._decide(fresh, observed)
-        if job is None:
-            return self._write_invalid(fresh, namespace, name, decision)
+        fresh: Mapping[str, Any] = body
+        if decision.delete_pods or decision.delete_job:
+            # destructive: decide again on the newest object, never on a cache that may lag
+            # our own last status write (that would restart a gang twice for one failure)
+            newest = self.cluster.read_job(namespace, name)
+            if newest is None:
+                return Outcome(None, False, False, None)
+            fresh = newest
+            decision, job = self._decide(fresh, observed)
+            if job is None:
+                return self._write_invalid(fresh, namespace, name, decision)
         applied = False
         if decision.plan is not None and (apply_all or self._needs_apply(job, observed, decision)):
             self.cluster.apply(render_all(job, decision.plan, self.options, decision.replicas))
@@ -156,6 +161,9 @@ class Reconciler:
         uid = job.metadata.uid or ""
         if rank0 is None:
             return None
+        previous = self._samples.get(uid)
+        if previous is not None and time.time() - previous.at < PROGRESS_EVERY_SECONDS:
+            return job.status.progress if job.status else None
         values = scrape(f"http://{rank0.ip}:{self.options.metrics_port}/metrics")
         if values is None:
             return job.status.progress if job.status else None

@@ -1,6 +1,9 @@
-"""Prometheus metrics of a trainer rank: progress now; memory and communication collectors plug in here."""
+"""Prometheus metrics of a trainer rank: progress, memory (model state, plan, GPU allocator), communication."""
 
-from .exporter import new_registry, serve
+from .comm import CommMetrics
+from .exporter import metrics_enabled, new_registry, serve
+from .memory import MemoryMetrics
 from .progress import ProgressMetrics
+from .rank import RankMetrics
 
-__all__ = ["ProgressMetrics", "new_registry", "serve"]
+__all__ = ["CommMetrics", "MemoryMetrics", "ProgressMetrics", "RankMetrics", "metrics_enabled", "new_registry", "serve"]

@@ -2,7 +2,8 @@
 
 Bound to FTJOB_POD_IP (default 127.0.0.1) so only the pod network sees it. A port that
 is taken is logged and skipped: metrics must never stop a training run. Setting
-FTJOB_METRICS_PORT=off disables the exporter (useful when many runs share a machine).
+FTJOB_METRICS_PORT=off disables the exporter (useful when many runs share a machine);
+FTJOB_METRICS=off disables collection altogether.
 """
 
 from __future__ import annotations
@@ -10,32 +11,24 @@ from __future__ import annotations
 import logging
 import os
 
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9400
 
 
-class _ProcessRss(Collector):
-    """Resident memory of this rank (the CPU stand-in for allocator statistics)."""
-
-    def collect(self):  # type: ignore[no-untyped-def]
-        try:
-            import psutil  # type: ignore[import-untyped]
-
-            rss = float(psutil.Process().memory_info().rss)
-        except Exception:  # optional dependency, never fatal
-            return
-        yield GaugeMetricFamily("finetune_process_resident_memory_bytes", "RSS of this rank's process.", value=rss)
-
-
 def new_registry() -> CollectorRegistry:
+    """A rank's private registry with prometheus-client's ProcessCollector (process_* series:
+    resident memory, CPU seconds, open fds), which the dashboards' pod row uses."""
     registry = CollectorRegistry()
-    registry.register(_ProcessRss())
+    ProcessCollector(registry=registry)
     return registry
+
+
+def metrics_enabled() -> bool:
+    """FTJOB_METRICS=off turns every metric and the communication accounting off (benchmarks)."""
+    return os.environ.get("FTJOB_METRICS", "on").lower() not in ("off", "0", "false")
 
 
 def metrics_port(local_rank: int) -> int | None:
