@@ -12,7 +12,7 @@ log() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*"; }
 
 # 1. Debian packages (prometheus for the observability tests, buildah/debootstrap for images).
 need_pkgs=()
-for spec in prometheus:prometheus promtool:prometheus util-linux:unshare; do
+for spec in prometheus:prometheus promtool:prometheus unshare:util-linux setpriv:util-linux; do
   bin=${spec%%:*}; pkg=${spec##*:}
   command -v "$bin" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
