@@ -77,8 +77,10 @@ class Jobs:
     def events(self, name: str = "job") -> list[dict[str, Any]]:
         return self.kube.items(f"/api/v1/namespaces/{self.ns}/events", fieldSelector=f"involvedObject.name={name}")
 
-    def report(self, pod: str, terminated: dict[str, Any], last: bool = False, restarts: int = 0) -> None:
-        """Play kubelet: the trainer container of `pod` terminated (now, or before a restart)."""
+    def report(self, pod: str, terminated: dict[str, Any], last: bool = True, restarts: int = 1) -> None:
+        """Play kubelet: the trainer container of `pod` terminated (by default, and as a kubelet
+        with restartPolicy Always shows it a moment later: running again, the exit in lastState;
+        a pod left not-ready would be reset by kwok's own pod stage, racing the operator)."""
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         term = {"startedAt": now, "finishedAt": now, "reason": "Error", **copy.deepcopy(terminated)}
         state = {"running": {"startedAt": now}} if last else {"terminated": term}

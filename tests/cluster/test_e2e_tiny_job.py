@@ -71,15 +71,16 @@ def output_dir(cluster: LocalCluster, namespace: str) -> Path:
 
 
 def test_tiny_job_trains_to_success(tiny: Jobs, kubeconfig: Path, local_cluster: LocalCluster) -> None:
-    kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(tiny_job(tiny.ns, max_steps=30, checkpoint_every=10)))
+    kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(tiny_job(tiny.ns, max_steps=80, checkpoint_every=40)))
     status = tiny.wait(lambda s: (s.get("progress") or {}).get("step", 0) > 0, "progress from rank 0's metrics",
                        name="tiny-cpu", timeout=420)  # fmt: skip
     table = kubectl(kubeconfig, "get", "ftj", "-n", tiny.ns)
-    assert "Running" in table and "/30" in table, table
-    assert status["progress"]["totalSteps"] == 30
+    assert "Running" in table and "/80" in table, table
+    assert status["progress"]["totalSteps"] == 80
     status = tiny.wait_state("Succeeded", name="tiny-cpu", timeout=600)
     result = status["result"]
-    assert result["steps"] == 30 and result["finalLoss"] > 0
+    assert result["steps"] == 80 and result["finalLoss"] > 0
+    assert status["progress"]["summary"] == "80/80 (100%)"
     assert result["adapterUri"] == "/mnt/pvc/ftjob-output/tiny-cpu/adapter"
     out = output_dir(local_cluster, tiny.ns)
     assert (out / "adapter" / "adapter_model.safetensors").is_file()

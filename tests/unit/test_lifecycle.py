@@ -139,6 +139,7 @@ def test_every_rank_exiting_zero_succeeds_with_the_summary_in_result() -> None:
     assert status.result is not None and status.result.final_loss == 0.25 and status.result.steps == 40
     assert status.result.adapter_uri == "/out/adapter"
     assert status.completion_time == ts(NOW)
+    assert status.progress is not None and status.progress.summary == "40/40 (100%)" and status.progress.loss == 0.25
 
 
 def test_rank_failure_restarts_the_gang_and_counts_once() -> None:

@@ -177,6 +177,22 @@ def _result(term: Termination) -> Result:
     )
 
 
+def _final_progress(progress: Progress | None, result: Result, now: str) -> Progress:
+    """Progress at the end, from the trainer's own summary (a short run may finish between scrapes)."""
+    steps = result.steps if result.steps is not None else (progress.step if progress else 0)
+    return Progress(
+        step=steps,
+        total_steps=steps,
+        epoch=progress.epoch if progress else None,
+        loss=round(result.final_loss, 4) if result.final_loss is not None else (progress.loss if progress else None),
+        percent=100,
+        eta_seconds=0,
+        summary=f"{steps}/{steps} (100%)",
+        skipped_records=result.skipped_records,
+        last_update_time=now,
+    )
+
+
 def _handle_failure(
     b: _Builder, job: FineTuneJob, pod: PodView, term: Termination, *, plan: PlanStatus, replanner: Replanner
 ) -> tuple[PlanStatus, bool]:
@@ -298,7 +314,7 @@ def decide(
     if len(pods) == nodes and len(completed) == nodes and {p.ordinal for p in pods} == set(range(nodes)):
         rank0 = next(p for p in pods if p.ordinal == 0)
         result = _result(rank0.completed or completed[0])
-        b.update(result=result, completion_time=b.now)
+        b.update(result=result, completion_time=b.now, progress=_final_progress(b.status.progress, result, b.now))
         loss = f", final loss {result.final_loss:.4f}" if result.final_loss is not None else ""
         b.cond(ConditionType.SUCCEEDED, True, R.COMPLETED, f"all {nodes} ranks finished{loss}")
         b.cond(ConditionType.RUNNING, False, R.COMPLETED, "")

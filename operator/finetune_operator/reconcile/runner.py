@@ -32,7 +32,7 @@ from .progress import Sample, scrape, to_progress
 from .salvage import invalid_spec_status, salvage_status
 
 EventSink = Callable[[Mapping[str, Any], Event], None]
-PROGRESS_EVERY_SECONDS = 10.0
+PROGRESS_EVERY_SECONDS = 3.0
 """How often rank 0's metrics are read (one small HTTP GET per running job)."""
 
 
