@@ -35,6 +35,7 @@ import pytest
 
 from finetune_localcluster import Kube, KubeError, LocalCluster, wait_for
 from finetune_localcluster.binaries import ensure_binaries
+from finetune_localcluster.devtools import OperatorProcess, install_crd
 
 HERE = Path(__file__).parent
 CLUSTER_TIMEOUT_S = 300
@@ -98,6 +99,17 @@ def core_v1(k8s_client: kubernetes.client.ApiClient) -> kubernetes.client.CoreV1
 @pytest.fixture(scope="session")
 def apps_v1(k8s_client: kubernetes.client.ApiClient) -> kubernetes.client.AppsV1Api:
     return kubernetes.client.AppsV1Api(k8s_client)
+
+
+@pytest.fixture(scope="session")
+def operator(kube: Kube, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """The one `ftjob operator` of the test run (defined here, once: a fixture imported into
+    several modules would start one operator per module, and two operators fight)."""
+    install_crd(kube)
+    process = OperatorProcess(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
+    process.start()
+    yield process
+    process.stop()
 
 
 @pytest.fixture

@@ -11,27 +11,15 @@ from __future__ import annotations
 import copy
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from finetune_localcluster import Kube, wait_for
-from finetune_localcluster.devtools import OperatorProcess, install_crd
 from tests.factories import job_document
 
 JOBS = "/apis/finetune.dev/v1alpha1/namespaces/{ns}/finetunejobs"
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def operator(kube: Kube, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    install_crd(kube)
-    process = OperatorProcess(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
-    process.start()
-    yield process
-    process.stop()
 
 
 class Jobs:

@@ -19,10 +19,8 @@ import pytest
 import yaml
 
 from finetune_localcluster import PROCESS_NODE_PLACEMENT, Kube, LocalCluster, wait_for
-from finetune_localcluster.devtools import bind_claim, kubectl
-from tests.cluster.operator_harness import Jobs, OperatorProcess, operator
-
-__all__ = ["operator"]
+from finetune_localcluster.devtools import OperatorProcess, bind_claim, kubectl
+from tests.cluster.operator_harness import Jobs
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml"
 CLAIM = "ftjob-output"

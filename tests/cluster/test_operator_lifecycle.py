@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from finetune_localcluster import Kube, KubeError, wait_for
-from tests.cluster.operator_harness import Jobs, OperatorProcess, gpu_job, operator
-
-__all__ = ["operator"]
+from finetune_localcluster.devtools import OperatorProcess
+from tests.cluster.operator_harness import Jobs, gpu_job
 
 pytestmark = pytest.mark.timeout(180)
 
