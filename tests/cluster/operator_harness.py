@@ -62,6 +62,16 @@ class Jobs:
     def statefulset(self, name: str = "job") -> dict[str, Any] | None:
         return self.kube.get_or_none(f"/apis/apps/v1/namespaces/{self.ns}/statefulsets/{name}")
 
+    def wait_events(self, reasons: set[str], name: str = "job", timeout: float = 30) -> set[str]:
+        """Event reasons seen for the job once all of `reasons` are there (events post asynchronously)."""
+
+        def seen() -> set[str] | None:
+            found = {e["reason"] for e in self.events(name)}
+            return found if reasons <= found else None
+
+        result: set[str] = wait_for(seen, timeout, f"events {sorted(reasons)} for {name}")
+        return result
+
     def events(self, name: str = "job") -> list[dict[str, Any]]:
         return self.kube.items(f"/api/v1/namespaces/{self.ns}/events", fieldSelector=f"involvedObject.name={name}")
 

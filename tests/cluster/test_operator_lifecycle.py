@@ -58,7 +58,7 @@ def test_a_job_gets_its_children_and_runs(jobs: Jobs) -> None:
     ]
     svc = jobs.kube.get(f"/api/v1/namespaces/{jobs.ns}/services/job-workers")
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
-    assert {e["reason"] for e in jobs.events()} >= {"Planned", "AllRanksRunning"}
+    jobs.wait_events({"Planned", "AllRanksRunning"})
 
 
 def test_every_rank_exiting_zero_succeeds_and_frees_the_gpus(jobs: Jobs) -> None:
@@ -89,7 +89,7 @@ def test_rank_failure_restarts_the_whole_gang_then_fails_past_the_budget(jobs: J
     assert failed["reason"] == "BackoffLimitExceeded" and "broken batch" in failed["message"]
     assert status["restarts"] == 1
     wait_for(lambda: (s := jobs.statefulset()) and s["spec"]["replicas"] == 0, 30, "scale to 0")
-    assert {"RankFailed", "BackoffLimitExceeded"} <= {e["reason"] for e in jobs.events()}
+    jobs.wait_events({"RankFailed", "BackoffLimitExceeded"})
 
 
 def test_out_of_memory_replans_and_restarts(jobs: Jobs) -> None:
@@ -110,7 +110,7 @@ def test_out_of_memory_replans_and_restarts(jobs: Jobs) -> None:
     )
     deepspeed = json.loads(jobs.kube.get(f"/api/v1/namespaces/{jobs.ns}/configmaps/job-config")["data"]["plan.json"])
     assert deepspeed["replans"] == 1
-    assert "OutOfMemoryReplanned" in {e["reason"] for e in jobs.events()}
+    jobs.wait_events({"OutOfMemoryReplanned"})
 
 
 def test_suspend_scales_to_zero_and_resume_scales_back(jobs: Jobs) -> None:
