@@ -135,7 +135,9 @@ def test_ttl_deletes_a_finished_job_and_its_children(jobs: Jobs) -> None:
     jobs.wait_state("Failed")
     wait_for(lambda: jobs.kube.get_or_none(f"/apis/finetune.dev/v1alpha1/namespaces/{jobs.ns}/finetunejobs/job")
              is None, 60, "the job to be deleted by its TTL")  # fmt: skip
-    wait_for(lambda: jobs.statefulset() is None, 60, "children garbage-collected")
+    assert wait_for(lambda: jobs.statefulset() is None, 60, "the StatefulSet garbage-collected")
+    config = f"/api/v1/namespaces/{jobs.ns}/configmaps/job-config"
+    assert wait_for(lambda: jobs.kube.get_or_none(config) is None, 60, "the ConfigMap garbage-collected")
 
 
 def test_deleting_a_job_collects_children_but_keeps_output(jobs: Jobs) -> None:
