@@ -64,6 +64,7 @@ needs_helm = pytest.mark.skipif(
     "run tools/build-kube-binaries.sh (scripts/bootstrap.sh does)",
 )
 
+
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     assert HELM is not None
     result = subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=60, check=False)
@@ -213,8 +214,10 @@ def test_bindings_tie_the_roles_to_the_operator_service_account(sets: tuple[str,
     deployment = one(objects, "Deployment")["spec"]["template"]["spec"]
     assert deployment["serviceAccountName"] == account["name"]
     bindings = of_kind(objects, "RoleBinding") + of_kind(objects, "ClusterRoleBinding")
-    roles = {(r["kind"], r["metadata"]["name"], r["metadata"].get("namespace")) for r in
-             of_kind(objects, "Role") + of_kind(objects, "ClusterRole")}
+    roles = {
+        (r["kind"], r["metadata"]["name"], r["metadata"].get("namespace"))
+        for r in of_kind(objects, "Role") + of_kind(objects, "ClusterRole")
+    }
     assert len(bindings) == len(roles)
     for b in bindings:
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}]
@@ -237,8 +240,16 @@ def test_no_wildcards_and_no_secrets(sets: tuple[str, ...]) -> None:
 # ----------------------------------------------------------------------------- Pod Security
 
 
-ALLOWED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected",
-                   "secret"}
+ALLOWED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
 
 
 def restricted_violations(spec: Obj) -> list[str]:
@@ -331,9 +342,14 @@ def test_deployment_arguments_parse_with_the_real_cli(monkeypatch: pytest.Monkey
 @needs_helm
 def test_values_reach_the_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     objects = render(
-        "watchNamespaces={team-a,team-b}", "operator.metricsPort=9090", "operator.healthPort=9091",
-        "operator.reconcileInterval=2.5", "operator.trainerImage.tag=dev", "podMonitor.enabled=true",
-        "podMonitor.perJob=true", "operator.verbose=true",
+        "watchNamespaces={team-a,team-b}",
+        "operator.metricsPort=9090",
+        "operator.healthPort=9091",
+        "operator.reconcileInterval=2.5",
+        "operator.trainerImage.tag=dev",
+        "podMonitor.enabled=true",
+        "podMonitor.perJob=true",
+        "operator.verbose=true",
     )
     args, _ = _operator_args(objects, monkeypatch)
     assert args.namespace == ["team-a", "team-b"]
