@@ -129,6 +129,14 @@ print("trainer imports ok: torch", torch.__version__, "deepspeed", deepspeed.__v
   fi
 }
 
+# Keep buildah's store from growing run after run (a trainer image is ~7 GB): drop working
+# containers left by interrupted builds, and images that lost their tag to a newer build.
+prune() {
+  buildah rm --all >/dev/null 2>&1 || true
+  buildah rmi --prune >/dev/null 2>&1 || true
+}
+prune
+
 for t in "${targets[@]}"; do
   case $t in
     operator) build operator "$OPERATOR_IMAGE" Dockerfile ;;
@@ -136,6 +144,7 @@ for t in "${targets[@]}"; do
   esac
 done
 
+prune
 log "summary"
 printf '  %s\n' "${summary[@]}"
 [[ -z ${FTJOB_SUMMARY_FILE:-} ]] || printf '%s\n' "${summary[@]}" >"$FTJOB_SUMMARY_FILE"
