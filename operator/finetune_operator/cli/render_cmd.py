@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import yaml
 
-from ..plan import choose_plan
+from ..plan import PlanningError, choose_plan
 from ..render.manifests import render_all
 from ..render.options import DEFAULT_TRAINER_IMAGE, RenderOptions
 from .manifests import load_one
@@ -34,7 +35,11 @@ def run(args: argparse.Namespace) -> int:
     job = load_one(args.file)
     if job.metadata.namespace is None:
         job = job.model_copy(update={"metadata": job.metadata.model_copy(update={"namespace": "default"})})
-    plan = choose_plan(job.spec)
+    try:
+        plan = choose_plan(job.spec)
+    except PlanningError as exc:
+        print(f"{args.file}: {job.name}: {exc.condition_reason}: {exc}", file=sys.stderr)
+        return 2
     options = RenderOptions(trainer_image=args.image, pod_monitor=args.pod_monitor)
     objects = render_all(job, plan, options, replicas=job.spec.resources.num_nodes)
     print(yaml.dump_all(objects, Dumper=_BlockDumper, sort_keys=False, width=120), end="")
