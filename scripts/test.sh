@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command of the README, and what CI runs: install what is missing, then
 # static checks (ruff, mypy strict, import-linter, CRD freshness) and every test tier.
-# FTJOB_TEST_ARGS passes extra pytest arguments (e.g. "-m 'not slow'" for a quick loop).
+# FTJOB_TEST_ARGS passes extra pytest arguments split on spaces (e.g. "-x --maxfail=1");
+# for marker expressions call .venv/bin/pytest directly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
