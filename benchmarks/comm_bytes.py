@@ -6,11 +6,14 @@ with FTJOB_METRICS_STEP_LOG set so each rank writes its per-step collectives (th
 accounting that feeds `finetune_comm_*`). One steady-state step (the last of 5: at step 2
 ZeRO-3 gathers about twice as much while it records its prefetch trace) is compared, op by
 op, with `plan.comm.bytes_per_step`, whose numbers are bus bytes in nccl-tests' sense
-("what one rank sends over the ring"). The model is given the true parameter counts of the
-run (from the trainer's start-up line) and 4-byte gradients and parameters, so a gap is the
-model's shape, not its inputs. A second model column feeds ZeRO-3 only the bytes DeepSpeed
-really gathers: parameters of at most `stage3_param_persistence_threshold` elements stay
-resident on every rank and are never gathered.
+("what one rank sends over the ring"). The model is given the run's true inputs, read from
+the loaded model (4-byte gradients and parameters): the trainable count, the bytes ZeRO-3
+gathers in every pass (parameters the forward uses, above
+`stage3_param_persistence_threshold` elements) and the bytes of the persistent ones
+(at most that many elements: whole on every rank, gathered once after each optimizer
+step). peft's frozen copies of `modules_to_save` layers are never used in the forward, so
+ZeRO-3 never gathers them; the table lists their bytes apart. A gap is thus the model's
+shape, not its inputs.
 
     DS_ACCELERATOR=cpu .venv/bin/python benchmarks/comm_bytes.py [--stages 2 3] [--keep DIR]
 """
@@ -44,13 +47,14 @@ class StageResult:
     stage: int
     trainable: int
     total: int
+    gathered_bytes: int
     persistent_bytes: int
+    unused_bytes: int
     persistence_threshold: float
     measured: dict[str, float] = field(default_factory=dict)  # bus bytes per op, mean over ranks
     measured_algorithm: dict[str, float] = field(default_factory=dict)
     counts: dict[str, float] = field(default_factory=dict)
     model: dict[str, int] = field(default_factory=dict)
-    model_gathered_only: dict[str, int] = field(default_factory=dict)
 
     def total_bus(self) -> float:
         return sum(self.measured.get(op, 0.0) for op in COLLECTIVES)
@@ -70,17 +74,30 @@ def demo_manifest(stage: int) -> dict[str, Any]:
     )
 
 
-def persistent_bytes(config_dir: Path, threshold: float) -> int:
-    """Bytes of the parameters ZeRO-3 keeps whole on every rank (numel <= threshold): never gathered."""
+def parameter_bytes(config_dir: Path, threshold: float) -> tuple[int, int, int]:
+    """(gathered, persistent, unused) parameter bytes of the run's model as ZeRO-3 sees it.
+
+    Persistent: at most `threshold` elements (kept whole on every rank). Unused: peft's
+    frozen originals of `modules_to_save` layers, which the forward never calls.
+    """
     from finetune_trainer import modeling
     from finetune_trainer.settings import load_config
 
     cfg = load_config(config_dir)
     compute = modeling.compute_settings(cfg.job.spec, on_gpu=False)
+    gathered = persistent = unused = 0
     with tempfile.TemporaryDirectory() as cache:
         path = modeling.model_path(cfg.job.spec.model.uri, Path(cache), cfg.job.spec.training.seed)
         model = modeling.load_model(cfg.job.spec, cfg.plan, path, compute)
-        return sum(p.numel() * FP32 for p in model.parameters() if p.numel() <= threshold)
+        for name, p in model.named_parameters():
+            size = p.numel() * FP32
+            if ".original_module." in name:
+                unused += size
+            elif p.numel() <= threshold:
+                persistent += size
+            else:
+                gathered += size
+    return gathered, persistent, unused
 
 
 def step_entries(step_log: Path, step: int) -> list[dict[str, Any]]:
@@ -104,7 +121,8 @@ def measure(stage: int, workdir: Path, timeout: float = 600) -> StageResult:
     trainable, total = int(found.group(1)), int(found.group(2))
     ds = json.loads((config / "deepspeed.json").read_text())
     threshold = float(ds["zero_optimization"].get("stage3_param_persistence_threshold", 1e5))
-    result = StageResult(stage, trainable, total, persistent_bytes(config, threshold) if stage == 3 else 0, threshold)
+    gathered, persistent, unused = parameter_bytes(config, threshold)
+    result = StageResult(stage, trainable, total, gathered, persistent, unused, threshold)
     entries = step_entries(step_log, STEADY_STEP)
     ranks = max(1, len(entries))
     for entry in entries:
@@ -118,36 +136,26 @@ def measure(stage: int, workdir: Path, timeout: float = 600) -> StageResult:
         "accumulation_steps": int(plan["gradientAccumulationSteps"]),
         "gradient_checkpointing": bool(plan["gradientCheckpointing"]),
     }
-    # the planner passes the gathered bytes (above the persistence threshold), as here
-    result.model = comm.bytes_per_step(stage, 2, trainable, total * FP32 - result.persistent_bytes, **common)
-    result.model_gathered_only = comm.bytes_per_step(
-        stage, 2, trainable, total * FP32 - result.persistent_bytes, **common
-    )
+    result.model = comm.bytes_per_step(stage, 2, trainable, gathered, persistent_param_bytes=persistent, **common)
     return result
 
 
 def table(results: list[StageResult]) -> str:
-    lines = [
-        f"{'stage':<7}{'op':<16}{'calls':>7}{'measured bus B':>16}{'model B':>14}{'ratio':>8}"
-        f"{'model(gathered) B':>19}{'ratio':>8}"
-    ]
+    lines = [f"{'stage':<7}{'op':<16}{'calls':>7}{'measured bus B':>16}{'model B':>14}{'ratio':>8}"]
     for r in results:
-        ops = sorted({*COLLECTIVES, *r.measured})
-        for op in ops:
-            got, want, want2 = r.measured.get(op, 0.0), r.model.get(op, 0), r.model_gathered_only.get(op, 0)
-            lines.append(
-                f"ZeRO-{r.stage:<2}{op:<16}{r.counts.get(op, 0):>7.0f}{got:>16,.0f}{want:>14,}"
-                f"{_ratio(got, want):>8}{want2:>19,}{_ratio(got, want2):>8}"
-            )
+        for op in sorted({*COLLECTIVES, *r.measured}):
+            got, want = r.measured.get(op, 0.0), r.model.get(op, 0)
+            calls = r.counts.get(op, 0)
+            lines.append(f"ZeRO-{r.stage:<2}{op:<16}{calls:>7.0f}{got:>16,.0f}{want:>14,}{_ratio(got, want):>8}")
         model_total = sum(r.model[op] for op in COLLECTIVES)
-        gathered_total = sum(r.model_gathered_only[op] for op in COLLECTIVES)
         lines.append(
             f"ZeRO-{r.stage:<2}{'TOTAL':<16}{'':>7}{r.total_bus():>16,.0f}{model_total:>14,}"
-            f"{_ratio(r.total_bus(), model_total):>8}{gathered_total:>19,}{_ratio(r.total_bus(), gathered_total):>8}"
+            f"{_ratio(r.total_bus(), model_total):>8}"
         )
         lines.append(
-            f"        trainable {r.trainable:,} of {r.total:,} parameters; persistent (never gathered) "
-            f"{r.persistent_bytes:,} B (threshold {r.persistence_threshold:g} elements)"
+            f"        trainable {r.trainable:,} of {r.total:,} parameters; gathered per pass {r.gathered_bytes:,} B, "
+            f"persistent {r.persistent_bytes:,} B (<= {r.persistence_threshold:g} elements), "
+            f"unused modules_to_save originals {r.unused_bytes:,} B"
         )
     return "\n".join(lines)
 

@@ -151,7 +151,8 @@ def evaluate(
     """Memory, traffic and step time of one strategy, and whether it fits."""
     memory = estimate_memory(workload, strategy, activation_override)
     stored = frozen_weight_bytes(workload) + workload.counts.trainable * workload.param_bytes
-    gathered = max(0.0, stored - persisted_param_bytes(workload))
+    persistent = persisted_param_bytes(workload)
+    gathered = max(0.0, stored - persistent)
     traffic = bytes_per_step(
         strategy.zero_stage,
         workload.world_size,
@@ -162,6 +163,7 @@ def evaluate(
         gradient_checkpointing=strategy.gradient_checkpointing,
         offload_optimizer=strategy.offload_optimizer,
         offload_params=strategy.offload_params,
+        persistent_param_bytes=persistent,
     )
     shard = workload.world_size if strategy.zero_stage >= 1 else 1
     timing = step_time(

@@ -9,8 +9,11 @@ crosses its PCIe link, per optimizer step of `accumulation_steps` micro-batches:
 - ZeRO-1: a reduce-scatter of the gradients at the boundary, an all-gather of the updated
   16-bit parameters after the step;
 - ZeRO-2: a reduce-scatter in every micro-step's backward, the same all-gather after the step;
-- ZeRO-3: all-gathers of every parameter in forward and in backward (once more when
-  checkpointing recomputes), a reduce-scatter per micro-step, nothing after the step;
+- ZeRO-3: all-gathers of every partitioned parameter in forward and in backward (once more
+  when checkpointing recomputes), a reduce-scatter per micro-step, and after the step one
+  all-gather of the persistent parameters (those under `stage3_param_persistence_threshold`
+  stay whole on every rank, but the optimizer updates them by partition, so DeepSpeed's
+  `_post_step` gathers them again; measured exact on 2 CPU ranks, benchmarks/comm_bytes.py);
 - optimizer offload: gradients down to the host each micro-step (stage 2-3) or step,
   updated parameters back up; NVMe offload reads and writes the optimizer states;
 - parameter offload: each rank's parameter shard comes up for every gather.
@@ -56,12 +59,14 @@ def bytes_per_step(
     gradient_checkpointing: bool = False,
     offload_optimizer: str = "none",
     offload_params: str = "none",
+    persistent_param_bytes: float = 0.0,
 ) -> dict[str, int]:
     """Bytes one rank sends per optimizer step, by collective (and host/NVMe traffic).
 
-    `param_bytes_total` is the size of the parameters ZeRO-3 gathers (those above the
-    persistence threshold);
-    `trainable_params` the number whose gradients are reduced.
+    `param_bytes_total` is the size of the parameters ZeRO-3 gathers in every pass (those
+    above the persistence threshold); `persistent_param_bytes` the size of those below it,
+    gathered once after each optimizer step; `trainable_params` the number whose gradients
+    are reduced.
     """
     world, steps = world_size, accumulation_steps
     ring = (world - 1) / world if world > 1 else 0.0
@@ -80,6 +85,7 @@ def bytes_per_step(
         gathers_per_micro_step = 3 if gradient_checkpointing else 2
         out["all_gather"] = steps * gathers_per_micro_step * ring * param_bytes_total
         out["reduce_scatter"] = steps * ring * grads
+        out["all_gather"] += ring * persistent_param_bytes
     shard = world if zero_stage >= 1 else 1
     if offload_optimizer != "none":
         downs = steps if zero_stage >= 2 else 1

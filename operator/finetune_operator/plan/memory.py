@@ -110,7 +110,11 @@ def persistent_adapter_params(workload: Workload) -> int:
 
 
 def persisted_param_bytes(workload: Workload) -> float:
-    """Bytes of parameters ZeRO-3 never partitions nor gathers (below the persistence threshold)."""
+    """Bytes of parameters ZeRO-3 keeps whole on every rank (below the persistence threshold).
+
+    They are not gathered in forward or backward; DeepSpeed gathers them once after each
+    optimizer step, which updated them by partition (see `comm.bytes_per_step`).
+    """
     threshold = workload.buffers.persistence_threshold
     frozen_small = sum(g.params for g in workload.shape.groups if g.params_each < threshold)
     return workload.param_bytes * (frozen_small + persistent_adapter_params(workload))
