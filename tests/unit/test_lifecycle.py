@@ -249,6 +249,14 @@ def test_active_deadline_fails_the_job() -> None:
     assert failed.reason == "DeadlineExceeded" and decision.replicas == 0
 
 
+def test_a_running_job_with_a_deadline_asks_to_be_looked_at_when_it_passes() -> None:
+    job, _ = step(job_with(activeDeadlineSeconds=60), [])
+    decision = run(job, [pod(0), pod(1)], now=NOW + timedelta(seconds=45))
+    assert decision.status.state == "Running" and decision.requeue_after == pytest.approx(15)
+    no_deadline, _ = step(job_with(), [])
+    assert run(no_deadline, [pod(0), pod(1)], now=NOW + timedelta(seconds=45)).requeue_after is None
+
+
 def test_ttl_deletes_the_finished_job_only_when_due() -> None:
     job, _ = step(job_with(ttlSecondsAfterFinished=100), [])
     job, _ = step(job, [pod(0, last=exited(0, "{}")), pod(1, last=exited(0, "{}"))])

@@ -29,23 +29,39 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-address", default=env("FTJOB_METRICS_ADDRESS", "0.0.0.0"))
     parser.add_argument("--metrics-port", type=int, default=int(env("FTJOB_METRICS_PORT", "8080")))
     parser.add_argument("--health-port", type=int, default=int(env("FTJOB_HEALTH_PORT", "8081")))
-    parser.add_argument("--interval", type=float, default=float(env("FTJOB_RECONCILE_INTERVAL", "5")))
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=float(env("FTJOB_RECONCILE_INTERVAL", "5")),
+        help="seconds between passes over an active job (progress, deadlines); events act at once",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=int(env("FTJOB_RECONCILE_WORKERS", "16")),
+        help="jobs reconciled in parallel (each job on one worker at a time)",
+    )
     parser.add_argument("--pod-monitor", action="store_true", default=env("FTJOB_POD_MONITOR", "") == "true")
     parser.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="default: in-cluster, then ~/.kube/config")
     parser.add_argument("--verbose", action="store_true")
 
 
-def _load_kube_config(path: str | None) -> None:
-    from kubernetes import config
+def _load_kube_config(path: str | None, connections: int) -> None:
+    from kubernetes import client, config
 
     if path:
         os.environ["KUBECONFIG"] = path  # kopf's own login reads the same file
         config.load_kube_config(config_file=path)  # type: ignore[no-untyped-call]
-        return
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
+    else:
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config()  # type: ignore[no-untyped-call]
+    # one kept-alive connection per worker: a smaller pool opens (TLS handshake) and drops
+    # a connection for every call beyond it under load
+    settings = client.Configuration.get_default_copy()
+    settings.connection_pool_maxsize = connections
+    client.Configuration.set_default(settings)
 
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
@@ -62,13 +78,13 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
     )
     if not args.verbose:
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per timer tick is noise
-    _load_kube_config(args.kubeconfig)
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event is noise
+    _load_kube_config(args.kubeconfig, connections=args.workers + 2)
     metrics.initialise(tuple(args.namespace))
     start_http_server(args.metrics_port, addr=args.metrics_address)
     options = RenderOptions(trainer_image=args.trainer_image, pod_monitor=args.pod_monitor)
     reconciler = Reconciler(ClusterIO(), options, post_event)
-    registry = build_registry(reconciler, HandlerSettings(interval_seconds=args.interval))
+    registry = build_registry(reconciler, HandlerSettings(interval_seconds=args.interval, max_workers=args.workers))
     liveness = f"http://{args.metrics_address}:{args.health_port}/healthz"
     asyncio.run(
         kopf.operator(

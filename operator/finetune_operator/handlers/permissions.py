@@ -23,7 +23,7 @@ REQUIRED: tuple[Permission, ...] = (
         "finetune.dev",
         "finetunejobs",
         ("get", "list", "watch", "patch", "delete"),
-        "watch jobs; kopf annotations; delete after ttlSecondsAfterFinished",
+        "watch jobs; kopf drops a finalizer left by versions with per-job timers; delete after ttlSecondsAfterFinished",
     ),
     Permission("finetune.dev", "finetunejobs/status", ("get", "patch"), "write status through the subresource"),
     Permission("apps", "statefulsets", ("get", "list", "watch", "create", "patch"), "server-side apply the workers"),

@@ -1,36 +1,36 @@
-"""The kopf wiring: thin handlers that hand every FineTuneJob to the Reconciler.
+"""The kopf wiring: thin handlers that turn watch events into pokes of a keyed work queue.
 
-Pods and StatefulSets carrying our job label are kept in kopf indexes (as the small
-views decisions need), so a reconciliation reads its children from memory. Every event
-of a job is reconciled (level-based, idempotent, no API call when nothing changes); a
-timer follows pods, progress, deadlines and TTLs; resume re-applies every child once
-after an operator restart. No kopf progress annotations are written per change.
+kopf owns the watches, the login, the Events and the liveness probe. Pods and
+StatefulSets carrying our job label are kept in kopf indexes (as the small views the
+decisions need; kopf fills them before any handler runs, so a restarted operator never
+decides on a half-listed cluster). Every event of a job, and of its pods and StatefulSet,
+only pokes the job's key; the work queue reconciles each job on one worker at a time with
+the newest body it saw, coalescing bursts, and schedules the next pass itself (a few
+seconds while a job is active, for progress and deadlines; rarely once it finished).
+No kopf timer, daemon or change handler is registered, so kopf never writes to a job:
+no finalizer (deleting a job never waits for the operator) and no progress annotations.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, cast
 
 import kopf
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from ..api.job import GROUP, PLURAL, VERSION
 from ..reconcile.lifecycle import Event
-from ..reconcile.observed import Observed, WorkersView, pod_view, workers_view
-from ..reconcile.runner import Outcome, Reconciler
+from ..reconcile.observed import pod_view, workers_view
+from ..reconcile.runner import Reconciler
 from ..render.identity import JOB_NAME_LABEL
+from .dispatch import HandlerSettings, JobHandlers, job_key
+
+__all__ = ["HandlerSettings", "build_registry", "connection_from_client", "post_event"]
 
 log = logging.getLogger("finetune_operator")
-
-
-@dataclass(frozen=True)
-class HandlerSettings:
-    interval_seconds: float = 5.0
-    max_workers: int = 32
 
 
 def post_event(body: Mapping[str, Any], event: Event) -> None:
@@ -60,12 +60,9 @@ def connection_from_client() -> kopf.ConnectionInfo:
     )
 
 
-def _first(values: Iterable[WorkersView]) -> WorkersView | None:
-    return next(iter(values), None)
-
-
 def build_registry(reconciler: Reconciler, settings: HandlerSettings) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
+    jobs = JobHandlers(reconciler, settings)
 
     @kopf.on.login(registry=registry)
     def login(**_kw: Any) -> kopf.ConnectionInfo:
@@ -73,59 +70,45 @@ def build_registry(reconciler: Reconciler, settings: HandlerSettings) -> kopf.Op
 
     @kopf.on.startup(registry=registry)
     def configure(**kw: Any) -> None:
-        settings: kopf.OperatorSettings = kw["settings"]
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="finetune.dev")
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix="finetune.dev", key="last-handled-configuration"
-        )
-        settings.posting.level = logging.CRITICAL  # our own events only, not kopf's log lines
-        settings.scanning.disabled = True  # no CRD/namespace watching: RBAC stays minimal
-        settings.execution.max_workers = handler_settings.max_workers
-        settings.watching.server_timeout = 270
-        settings.networking.request_timeout = 30
+        operator_settings: kopf.OperatorSettings = kw["settings"]
+        operator_settings.posting.level = logging.CRITICAL  # our own events only, not kopf's log lines
+        operator_settings.scanning.disabled = True  # no CRD/namespace watching: RBAC stays minimal
+        operator_settings.watching.server_timeout = 270
+        operator_settings.networking.request_timeout = 30
+        jobs.start()
 
-    handler_settings = settings
+    @kopf.on.cleanup(registry=registry)
+    def stop_queue(**_kw: Any) -> None:
+        jobs.stop()
 
     @kopf.index("pods", labels={JOB_NAME_LABEL: kopf.PRESENT}, id="pods_by_job", registry=registry)
-    def pods_by_job(**kw: Any) -> dict[Any, Any]:
+    async def pods_by_job(**kw: Any) -> dict[Any, Any]:
         # only the small view the decisions need is kept: memory stays flat with many jobs
-        return {(kw["namespace"], kw["labels"][JOB_NAME_LABEL]): pod_view(kw["body"])}
+        return {job_key(kw): pod_view(kw["body"])}
 
     @kopf.index(
         "apps", "v1", "statefulsets", labels={JOB_NAME_LABEL: kopf.PRESENT}, id="workers_by_job", registry=registry
     )
-    def workers_by_job(**kw: Any) -> dict[Any, Any]:
-        return {(kw["namespace"], kw["labels"][JOB_NAME_LABEL]): workers_view(kw["body"])}
-
-    def run(kw: Mapping[str, Any], apply_all: bool) -> Outcome:
-        key = (kw["namespace"], kw["name"])
-        observed = Observed(
-            workers=_first(kw["workers_by_job"].get(key, [])), pods=tuple(kw["pods_by_job"].get(key, []))
-        )
-        try:
-            return reconciler.reconcile(dict(kw["body"]), observed, apply_all=apply_all)
-        except ApiException as exc:
-            raise kopf.TemporaryError(f"apiserver said {exc.status} {exc.reason}", delay=2) from exc
+    async def workers_by_job(**kw: Any) -> dict[Any, Any]:
+        return {job_key(kw): workers_view(kw["body"])}
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    def on_change(**kw: Any) -> None:
-        # level-based: every change of a job (spec, status, our own writes) is reconciled;
-        # a pass with nothing to do makes no API call
-        if (kw.get("type") or "") == "DELETED":
-            reconciler.forget(kw["uid"])
-            return
-        run(kw, apply_all=False)
+    async def job_event(**kw: Any) -> None:
+        if not jobs.bound:
+            # kopf.event() needs kopf's event queue from the handler's context variables
+            jobs.bind(kw["pods_by_job"], kw["workers_by_job"], contextvars.copy_context())
+        await jobs.on_job(kw)
 
-    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
-    def on_resume(**kw: Any) -> None:
-        run(kw, apply_all=True)  # after an operator restart, re-assert every child once
+    @kopf.on.event("pods", labels={JOB_NAME_LABEL: kopf.PRESENT}, registry=registry)
+    async def pod_event(**kw: Any) -> None:
+        await jobs.on_child(kw)
 
-    @kopf.timer(GROUP, VERSION, PLURAL, interval=settings.interval_seconds, registry=registry)
-    def follow(**kw: Any) -> None:
-        run(kw, apply_all=False)  # pods, progress, deadlines and TTLs change without a job event
+    @kopf.on.event("apps", "v1", "statefulsets", labels={JOB_NAME_LABEL: kopf.PRESENT}, registry=registry)
+    async def workers_event(**kw: Any) -> None:
+        await jobs.on_child(kw)
 
     @kopf.on.probe(id="reconciler", registry=registry)
-    def reconciler_alive(**_kw: Any) -> str:
-        return "ok"
+    def reconciler_alive(**_kw: Any) -> dict[str, int]:
+        return jobs.health()
 
     return registry

@@ -308,6 +308,8 @@ def decide(
     if progress is not None:
         b.update(progress=progress)
     decision = Decision(b.status, replicas=nodes, plan=plan, delete_pods=bool(old_gang))
+    if deadline is not None:  # come back exactly when the deadline passes
+        decision.requeue_after = (start + timedelta(seconds=deadline) - now).total_seconds()
     completed = [p.completed for p in pods if p.failure is None and p.completed is not None]
 
     failed = _first_failure(pods)

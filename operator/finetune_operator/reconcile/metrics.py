@@ -50,27 +50,31 @@ def initialise(namespaces: tuple[str, ...] = ()) -> None:
 
 
 class JobCensus:
-    """Headline state of every known job, exported as the `finetune_operator_jobs` gauge."""
+    """Headline state of every known job, exported as the `finetune_operator_jobs` gauge.
+
+    Updated incrementally: a pass that leaves a job's state alone costs a dict lookup.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._jobs: dict[str, tuple[str, str]] = {}
+        self._counts: Tally[tuple[str, str]] = Tally()
 
     def record(self, uid: str, namespace: str, state: str | None) -> None:
         with self._lock:
-            if state is None:
+            old = self._jobs.get(uid)
+            new = None if state is None else (namespace, state)
+            if old == new:
+                return
+            if old is not None:
+                self._counts[old] -= 1
+                JOBS.labels(*old).set(self._counts[old])
+            if new is None:
                 self._jobs.pop(uid, None)
-            else:
-                self._jobs[uid] = (namespace, state)
-            self._export()
-
-    def _export(self) -> None:
-        counts = Tally(self._jobs.values())
-        namespaces = {ns for ns, _ in counts} | {labels[0] for labels in _known_label_sets()}
-        for namespace in namespaces:
-            for state in State:
-                JOBS.labels(namespace, state.value).set(counts.get((namespace, state.value), 0))
-
-
-def _known_label_sets() -> list[tuple[str, ...]]:
-    return [tuple(s.labels.values()) for metric in JOBS.collect() for s in metric.samples]
+                return
+            self._jobs[uid] = new
+            if new[0] not in {ns for ns, _ in self._counts}:
+                for known in State:  # a namespace seen first: all its states exist from now on
+                    JOBS.labels(new[0], known.value).set(0)
+            self._counts[new] += 1
+            JOBS.labels(*new).set(self._counts[new])

@@ -1,9 +1,10 @@
 """One reconciliation of one FineTuneJob: parse → plan → render → apply → status.
 
-The kopf handlers (create, update, resume and the periodic timer) all call
-`Reconciler.reconcile`. It decides on the cached body first; only when the decision
-has an effect does it re-read the job, decide again on the fresh object and write,
-so an idle job costs no API calls and a stale cache never double-counts a restart.
+Every pass of the work queue (after a job, pod or StatefulSet event, or when a pass
+asked to run again) calls `Reconciler.reconcile`. It decides on the cached body first;
+only when the decision has an effect does it re-read the job, decide again on the fresh
+object and write, so an idle job costs no API calls and a stale cache never
+double-counts a restart.
 """
 
 from __future__ import annotations
@@ -65,6 +66,18 @@ class Reconciler:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._samples: dict[str, Sample] = {}
+        self._hashes: dict[str, tuple[tuple[str, str], str]] = {}
+
+    def _desired_hash(self, job: FineTuneJob, plan: PlanStatus) -> str:
+        """`gang_hash`, remembered per job: it renders every config file, and each pass needs it."""
+        uid = job.metadata.uid or ""
+        key = (job.spec.model_dump_json(), plan.model_dump_json())
+        cached = self._hashes.get(uid)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        value = gang_hash(job, plan, self.options)
+        self._hashes[uid] = (key, value)
+        return value
 
     def _lock(self, uid: str) -> threading.Lock:
         with self._locks_guard:
@@ -74,6 +87,7 @@ class Reconciler:
         with self._locks_guard:
             self._locks.pop(uid, None)
         self._samples.pop(uid, None)
+        self._hashes.pop(uid, None)
         self.census.record(uid, "", None)
 
     def reconcile(self, body: Mapping[str, Any], observed: Observed, apply_all: bool = False) -> Outcome:
@@ -151,7 +165,7 @@ class Reconciler:
             now,
             planner=plan_or_fail,
             replanner=next_frugal_plan,
-            desired_config_hash=lambda plan: gang_hash(job, plan, self.options),
+            desired_config_hash=lambda plan: self._desired_hash(job, plan),
             progress=progress,
         )
         return decision, job
@@ -181,7 +195,7 @@ class Reconciler:
         if d.plan is None:
             return False
         workers = observed.workers
-        desired = gang_hash(job, d.plan, self.options)
+        desired = self._desired_hash(job, d.plan)
         return workers is None or workers.replicas != d.replicas or workers.config_hash != desired
 
     def _write_status(self, body: Mapping[str, Any], decision: Decision) -> bool:

@@ -1,0 +1,135 @@
+"""From watch events to reconciliations: the job book, the work queue and when to pass again.
+
+Nothing here imports kopf: the kopf handlers in `registry` hand their keyword arguments
+over, and tests drive these methods directly with a recording reconciler.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+from ..api.status import State
+from ..reconcile.observed import Observed, WorkersView
+from ..reconcile.runner import Outcome
+from ..reconcile.workqueue import WorkQueue
+from ..render.identity import JOB_NAME_LABEL
+
+POKE_DELAY_SECONDS = 0.05
+"""Pod and StatefulSet events of one job arriving together are merged into one pass."""
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class HandlerSettings:
+    interval_seconds: float = 5.0
+    """Pass interval of an active job (progress, deadlines); events trigger passes at once."""
+    resync_seconds: float = 300.0
+    """Pass interval of a finished or suspended job (a safety net: events wake it)."""
+    max_workers: int = 16
+
+
+class ReconcilerLike(Protocol):
+    def reconcile(self, body: Mapping[str, Any], observed: Observed, apply_all: bool = False) -> Outcome: ...
+
+    def forget(self, uid: str) -> None: ...
+
+
+def job_key(kw: Mapping[str, Any]) -> Key:
+    """The owning job of a child, from its namespace and job-name label."""
+    return (str(kw["namespace"]), str(kw["labels"][JOB_NAME_LABEL]))
+
+
+def _first(values: Iterable[WorkersView]) -> WorkersView | None:
+    return next(iter(values), None)
+
+
+def _slim(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The job as the reconciler needs it, without managedFields (often most of its size)."""
+    raw = dict(body)
+    meta = dict(raw.get("metadata") or {})
+    meta.pop("managedFields", None)
+    raw["metadata"] = meta
+    return raw
+
+
+def next_pass(outcome: Outcome, settings: HandlerSettings) -> float:
+    """Seconds until a job's next unprompted pass: soon while active, rarely once at rest,
+    and never later than a deadline or TTL the decision asked for."""
+    decision = outcome.decision
+    at_rest = decision is not None and decision.status.state in (State.SUCCEEDED, State.FAILED, State.SUSPENDED)
+    wait = settings.resync_seconds if at_rest else settings.interval_seconds
+    if outcome.requeue_after is not None:
+        wait = min(wait, outcome.requeue_after)
+    return max(0.1, wait)
+
+
+class JobHandlers:
+    """The newest body of every job, the live child indexes, and the queue that reconciles them."""
+
+    def __init__(self, reconciler: ReconcilerLike, settings: HandlerSettings) -> None:
+        self.reconciler = reconciler
+        self.settings = settings
+        self.queue = WorkQueue(self._pass, workers=settings.max_workers)
+        self._lock = threading.Lock()
+        self._bodies: dict[Key, dict[str, Any]] = {}
+        self._unapplied: set[Key] = set()
+        self._pods: Mapping[Any, Any] = {}
+        self._workers: Mapping[Any, Any] = {}
+        self.bound = False
+
+    def bind(
+        self, pods: Mapping[Any, Any], workers: Mapping[Any, Any], context: contextvars.Context | None = None
+    ) -> None:
+        """The child indexes (kopf.Index objects: live, updated in place) and the context to post Events in."""
+        self._pods, self._workers = pods, workers
+        if context is not None:
+            self.queue.use_context(context)
+        self.bound = True
+
+    def start(self) -> None:
+        self.queue.start()
+
+    def stop(self) -> None:
+        self.queue.stop()
+
+    # ---- events -----------------------------------------------------------------------------------
+    async def on_job(self, kw: Mapping[str, Any]) -> None:
+        key = (str(kw["namespace"]), str(kw["name"]))
+        if (kw.get("type") or "") == "DELETED":
+            with self._lock:
+                self._bodies.pop(key, None)
+                self._unapplied.discard(key)
+            self.queue.forget(key)
+            self.reconciler.forget(str(kw["uid"]))
+            return
+        with self._lock:
+            if key not in self._bodies:
+                self._unapplied.add(key)  # first sight since start: re-assert every child once
+            self._bodies[key] = _slim(kw["body"])
+        self.queue.poke(key)
+
+    async def on_child(self, kw: Mapping[str, Any]) -> None:
+        self.queue.poke(job_key(kw), delay=POKE_DELAY_SECONDS)
+
+    def health(self) -> dict[str, int]:
+        return {"jobs": len(self._bodies), "due": self.queue.depth(), "running": self.queue.running}
+
+    # ---- one pass ---------------------------------------------------------------------------------
+    def _pass(self, key: Hashable) -> float | None:
+        job = cast(Key, key)
+        with self._lock:
+            body = self._bodies.get(job)
+            first = job in self._unapplied
+        if body is None:
+            return None
+        observed = Observed(workers=_first(self._workers.get(job, [])), pods=tuple(self._pods.get(job, [])))
+        outcome = self.reconciler.reconcile(body, observed, apply_all=first)
+        if first:
+            with self._lock:
+                self._unapplied.discard(job)
+        return next_pass(outcome, self.settings)

@@ -1,0 +1,156 @@
+"""A keyed work queue in the manner of client-go's: one reconciliation per job at a time.
+
+Events of a job and of its pods only *poke* the job's key. A poke while the key waits
+is merged with it (a burst of pod events costs one reconciliation); a poke while it is
+being reconciled marks it dirty, so it runs once more right after. Each pass returns
+when it wants to run again (progress, deadlines, TTLs); a failed pass is retried with a
+per-key exponential backoff. A pool of worker threads runs the passes, and one
+scheduler thread hands out keys when they are due: no per-job timer task or thread.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+log = logging.getLogger("finetune_operator.workqueue")
+
+Work = Callable[[Hashable], float | None]
+"""One pass for a key; returns the seconds until the next wanted pass (None: only on a poke)."""
+
+
+@dataclass
+class _Entry:
+    due: float | None = None  # when the next pass is wanted (while running: after this one)
+    running: bool = False
+    failures: int = 0
+
+
+class WorkQueue:
+    def __init__(
+        self,
+        work: Work,
+        *,
+        workers: int = 8,
+        backoff_base: float = 1.0,
+        backoff_max: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._work = work
+        self._workers = workers
+        self._backoff = (backoff_base, backoff_max)
+        self._clock = clock
+        self._entries: dict[Hashable, _Entry] = {}
+        self._heap: list[tuple[float, int, Hashable]] = []
+        self._order = itertools.count()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._pool: ThreadPoolExecutor | None = None
+        self._scheduler: threading.Thread | None = None
+        self._context: contextvars.Context | None = None
+        self.running = 0
+
+    def use_context(self, context: contextvars.Context) -> None:
+        """Run every pass in a copy of `context` (a framework's context variables, e.g. kopf's
+        event queue, which its posting functions need and worker threads do not inherit)."""
+        self._context = context
+
+    # ---- producers (any thread, including the event loop: never blocks for long) ----------------
+    def poke(self, key: Hashable, delay: float = 0.0) -> None:
+        """Run `key` within `delay` seconds (sooner if already due sooner)."""
+        with self._cond:
+            entry = self._entries.setdefault(key, _Entry())
+            due = self._clock() + delay
+            if entry.running:  # remembered; scheduled when the pass in flight ends
+                entry.due = due if entry.due is None else min(entry.due, due)
+                return
+            self._schedule(entry, key, due)
+
+    def forget(self, key: Hashable) -> None:
+        """Drop the key (its object is gone); a pass in flight finishes but is not rescheduled."""
+        with self._cond:
+            self._entries.pop(key, None)
+
+    def depth(self) -> int:
+        with self._cond:
+            now = self._clock()
+            return sum(1 for e in self._entries.values() if e.due is not None and e.due <= now and not e.running)
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._entries)
+
+    # ---- life cycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="reconcile")
+        self._scheduler = threading.Thread(target=self._schedule_loop, name="workqueue", daemon=True)
+        self._scheduler.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._scheduler is not None:
+            self._scheduler.join(timeout)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # ---- internals ------------------------------------------------------------------------------
+    def _schedule(self, entry: _Entry, key: Hashable, due: float) -> None:
+        if entry.due is not None and entry.due <= due:
+            return
+        entry.due = due
+        heapq.heappush(self._heap, (due, next(self._order), key))
+        self._cond.notify()
+
+    def _schedule_loop(self) -> None:
+        with self._cond:
+            while not self._stopping:
+                now = self._clock()
+                while self._heap and self._heap[0][0] <= now and self.running < self._workers:
+                    due, _, key = heapq.heappop(self._heap)
+                    entry = self._entries.get(key)
+                    if entry is None or entry.running or entry.due != due:
+                        continue  # forgotten, in flight, or superseded by an earlier poke
+                    entry.due, entry.running = None, True
+                    self.running += 1
+                    assert self._pool is not None
+                    self._pool.submit(self._run, key)
+                if self._heap and self.running < self._workers:
+                    self._cond.wait(max(0.0, self._heap[0][0] - now))
+                else:
+                    self._cond.wait()
+
+    def _run(self, key: Hashable) -> None:
+        try:
+            context = self._context
+            again: float | None = context.copy().run(self._work, key) if context else self._work(key)
+            failed = False
+        except Exception:
+            log.exception("reconciling %s failed; retrying with backoff", key)
+            again, failed = None, True
+        with self._cond:
+            self.running -= 1
+            self._cond.notify()
+            entry = self._entries.get(key)
+            if entry is None:
+                return
+            entry.running = False
+            now = self._clock()
+            if failed:
+                entry.failures += 1
+                base, most = self._backoff
+                again = min(most, base * 2 ** (entry.failures - 1))
+            else:
+                entry.failures = 0
+            wanted = [t for t in (entry.due, None if again is None else now + again) if t is not None]
+            entry.due = None
+            if wanted:
+                self._schedule(entry, key, min(wanted))

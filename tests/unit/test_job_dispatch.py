@@ -1,0 +1,181 @@
+"""Events → passes: what the kopf handlers hand over, driven without kopf.
+
+A recording reconciler stands in for the real one (which the cluster tier exercises
+against a real apiserver); what is checked here is the wiring: which event causes a pass,
+with which body and children, how often, and when the next unprompted pass comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from finetune_operator.api.status import FineTuneJobStatus, State
+from finetune_operator.handlers.dispatch import HandlerSettings, JobHandlers, next_pass
+from finetune_operator.reconcile.lifecycle import Decision
+from finetune_operator.reconcile.observed import Observed
+from finetune_operator.reconcile.runner import Outcome
+from finetune_operator.render.identity import JOB_NAME_LABEL
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+@dataclass
+class Call:
+    body: dict[str, Any]
+    observed: Observed
+    apply_all: bool
+
+
+@dataclass
+class RecordingReconciler:
+    state: State = State.RUNNING
+    requeue_after: float | None = None
+    calls: list[Call] = field(default_factory=list)
+    forgotten: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reconcile(self, body: Mapping[str, Any], observed: Observed, apply_all: bool = False) -> Outcome:
+        with self.lock:
+            self.calls.append(Call(dict(body), observed, apply_all))
+        decision = Decision(FineTuneJobStatus(state=self.state), replicas=1, plan=None)
+        return Outcome(decision, False, False, self.requeue_after)
+
+    def forget(self, uid: str) -> None:
+        self.forgotten.append(uid)
+
+
+def job_event(name: str, rv: str, type_: str | None = "MODIFIED") -> dict[str, Any]:
+    body = {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "resourceVersion": rv,
+            "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+        },
+        "spec": {"x": rv},
+    }
+    return {"type": type_, "namespace": "ns", "name": name, "uid": f"uid-{name}", "body": body}
+
+
+def pod_event(job: str) -> dict[str, Any]:
+    return {"type": "MODIFIED", "namespace": "ns", "labels": {JOB_NAME_LABEL: job}}
+
+
+@pytest.fixture
+def reconciler() -> RecordingReconciler:
+    return RecordingReconciler()
+
+
+@pytest.fixture
+def handlers(reconciler: RecordingReconciler) -> Iterator[JobHandlers]:
+    jobs = JobHandlers(reconciler, HandlerSettings(interval_seconds=60, resync_seconds=600, max_workers=4))
+    jobs.bind(pods={("ns", "a"): ["pod-view"]}, workers={})
+    jobs.start()
+    yield jobs
+    jobs.stop()
+
+
+def run(coro: Any) -> None:
+    asyncio.run(coro)
+
+
+def test_first_sight_applies_every_child_then_later_passes_do_not(
+    handlers: JobHandlers, reconciler: RecordingReconciler
+) -> None:
+    run(handlers.on_job(job_event("a", "1", type_=None)))  # the initial listing after a start
+    wait_for(lambda: len(reconciler.calls) == 1)
+    run(handlers.on_job(job_event("a", "2")))
+    wait_for(lambda: len(reconciler.calls) == 2)
+    assert [c.apply_all for c in reconciler.calls] == [True, False]
+    assert reconciler.calls[1].body["metadata"]["resourceVersion"] == "2"
+    assert "managedFields" not in reconciler.calls[1].body["metadata"]  # not kept in memory
+    assert reconciler.calls[0].observed.pods == ("pod-view",)  # children come from the live index
+
+
+def test_a_pod_event_reconciles_its_job_with_the_newest_body(
+    handlers: JobHandlers, reconciler: RecordingReconciler
+) -> None:
+    run(handlers.on_job(job_event("a", "7")))
+    wait_for(lambda: len(reconciler.calls) == 1)
+    run(handlers.on_child(pod_event("a")))
+    wait_for(lambda: len(reconciler.calls) == 2)
+    assert reconciler.calls[1].body["metadata"]["resourceVersion"] == "7"
+
+
+def test_a_burst_of_pod_events_is_one_pass(handlers: JobHandlers, reconciler: RecordingReconciler) -> None:
+    run(handlers.on_job(job_event("a", "1")))
+    wait_for(lambda: len(reconciler.calls) == 1)
+
+    async def burst() -> None:
+        for _ in range(30):
+            await handlers.on_child(pod_event("a"))
+
+    run(burst())
+    wait_for(lambda: len(reconciler.calls) >= 2)
+    time.sleep(0.3)
+    assert len(reconciler.calls) == 2
+
+
+def test_children_of_an_unknown_job_cause_no_pass(handlers: JobHandlers, reconciler: RecordingReconciler) -> None:
+    run(handlers.on_child(pod_event("stranger")))
+    time.sleep(0.3)
+    assert reconciler.calls == []
+
+
+def test_deletion_forgets_the_job(handlers: JobHandlers, reconciler: RecordingReconciler) -> None:
+    run(handlers.on_job(job_event("a", "1")))
+    wait_for(lambda: len(reconciler.calls) == 1)
+    run(handlers.on_job(job_event("a", "2", type_="DELETED")))
+    run(handlers.on_child(pod_event("a")))
+    time.sleep(0.3)
+    assert len(reconciler.calls) == 1
+    assert reconciler.forgotten == ["uid-a"]
+    assert handlers.health()["jobs"] == 0
+
+
+def test_an_active_job_is_passed_again_after_the_interval() -> None:
+    reconciler = RecordingReconciler()
+    jobs = JobHandlers(reconciler, HandlerSettings(interval_seconds=0.1, resync_seconds=600))
+    jobs.bind(pods={}, workers={})
+    jobs.start()
+    try:
+        run(jobs.on_job(job_event("a", "1")))
+        wait_for(lambda: len(reconciler.calls) >= 3)
+        reconciler.state = State.SUCCEEDED  # at rest: the next pass is the resync, far away
+        time.sleep(0.3)
+        settled = len(reconciler.calls)
+        time.sleep(0.3)
+        assert len(reconciler.calls) == settled
+    finally:
+        jobs.stop()
+
+
+@pytest.mark.parametrize(
+    ("state", "requeue_after", "expected"),
+    [
+        (State.RUNNING, None, 5.0),
+        (State.PENDING, None, 5.0),
+        (State.RUNNING, 2.0, 2.0),  # a deadline due sooner than the interval
+        (State.SUCCEEDED, None, 300.0),
+        (State.FAILED, 30.0, 30.0),  # a TTL due before the resync
+        (State.SUSPENDED, None, 300.0),
+        (State.SUCCEEDED, 0.0, 0.1),  # due now: still never a busy loop
+    ],
+)
+def test_next_pass(state: State, requeue_after: float | None, expected: float) -> None:
+    decision = Decision(FineTuneJobStatus(state=state), replicas=1, plan=None)
+    outcome = Outcome(decision, False, False, requeue_after)
+    assert next_pass(outcome, HandlerSettings(interval_seconds=5.0, resync_seconds=300.0)) == expected
