@@ -7,7 +7,16 @@ create call returned:
 - apply → status.state Running (all pods Running and Ready on kwok), p50 / p99.
 Then it keeps M jobs around and samples the operator's RSS and CPU while idle.
 
+Side by side, a *floor* run (before the operator starts, in its own namespace) does the
+same writes with no operator at all: the children are planned and rendered before the
+clock starts, and each creating thread, right after its job exists, server-side applies
+them and writes the status, as a controller with zero latency and zero CPU would. What
+the floor takes is this machine (apiserver, etcd, controllers and this script share its
+cores); what the operator adds is the difference. The CPU seconds each process spent
+during the operator's burst are printed too, which says where a burst's time goes.
+
     PYTHONPATH=. .venv/bin/python benchmarks/operator_scale.py [--jobs 200] [--idle-jobs 500] [--idle-seconds 60]
+        [--no-floor] [--profile burst.txt]   # py-spy (bench dependency group) samples the operator's burst
 
 Run on demand; timings on a shared 2-core machine are noisy, so nothing asserts them.
 """
@@ -15,11 +24,16 @@ Run on demand; timings on a shared 2-core machine are noisy, so nothing asserts 
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +42,16 @@ import requests
 
 from finetune_localcluster import LocalCluster
 from finetune_localcluster.devtools import OperatorProcess, install_crd
+from finetune_localcluster.kube import Kube
 from tests.factories import job_document
 
 NS = "scale"
-JOBS = f"/apis/finetune.dev/v1alpha1/namespaces/{NS}/finetunejobs"
+FLOOR_NS = "scale-floor"
+IMAGE = "trainer:test"
+
+
+def jobs_path(namespace: str) -> str:
+    return f"/apis/finetune.dev/v1alpha1/namespaces/{namespace}/finetunejobs"
 
 
 def watch_times(cluster: LocalCluster, path: str, stop: threading.Event, seen: dict[str, float], pred: Any) -> None:
@@ -55,9 +75,157 @@ def watch_times(cluster: LocalCluster, path: str, stop: threading.Event, seen: d
             time.sleep(0.5)
 
 
+def cpu_by_process(operator_pid: int | None) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the operator and every control-plane process."""
+    out: dict[str, float] = {}
+    procs = {p.pid: p for p in psutil.Process().children(recursive=True)}
+    if operator_pid is not None:
+        procs[operator_pid] = psutil.Process(operator_pid)
+    for proc in procs.values():
+        try:
+            name = "operator" if proc.pid == operator_pid else proc.name()
+            times = proc.cpu_times()
+            out[name] = out.get(name, 0.0) + times.user + times.system
+        except psutil.Error:
+            continue
+    me = psutil.Process().cpu_times()
+    out["this script"] = me.user + me.system
+    return out
+
+
+def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy samples the operator (all threads) until interrupted."""
+    spy = Path(sys.executable).with_name("py-spy")
+    argv = [str(spy), "record", "--pid", str(pid), "--output", str(out), "--format", "raw", "--rate", "50"]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def document(namespace: str, i: int) -> dict[str, Any]:
+    doc = job_document(resources={"numNodes": 1, "gpusPerNode": 1},
+                       dataset={"uri": "/data/train.jsonl"}, output={"uri": "/out"})  # fmt: skip
+    doc["metadata"] = {"name": f"job-{i:04d}", "namespace": namespace}
+    return doc
+
+
+@dataclass
+class Burst:
+    to_sts: list[float]
+    to_run: list[float]
+    wall_to_last_sts: float
+    cpu: dict[str, float]
+
+    def line(self, label: str) -> str:
+        sts, run = self.to_sts, self.to_run
+        text = (f"{label:<9} apply → StatefulSet p50 {statistics.median(sts):6.2f}s p99 {pct(sts, 0.99):6.2f}s"
+                f"   (n={len(sts)}, last after {self.wall_to_last_sts:.1f}s)")  # fmt: skip
+        if run:
+            text += f"   apply → Running p50 {statistics.median(run):6.2f}s p99 {pct(run, 0.99):6.2f}s (n={len(run)})"
+        return text
+
+
+def burst(
+    cluster: LocalCluster,
+    namespace: str,
+    jobs: int,
+    create: Callable[[Kube, int], float],
+    operator_pid: int | None,
+    until_running: bool,
+    first: int = 0,
+    timeout: float = 600,
+) -> Burst:
+    """Create jobs first..first+jobs-1 from 16 threads; time each to its StatefulSet (and to Running)."""
+    stop = threading.Event()
+    sts_seen: dict[str, float] = {}
+    running_seen: dict[str, float] = {}
+    watchers = [
+        threading.Thread(target=watch_times, daemon=True, args=(
+            cluster, f"/apis/apps/v1/namespaces/{namespace}/statefulsets", stop, sts_seen, lambda o: True)),
+        threading.Thread(target=watch_times, daemon=True, args=(
+            cluster, jobs_path(namespace), stop, running_seen,
+            lambda o: (o.get("status") or {}).get("state") == "Running")),
+    ]  # fmt: skip
+    for w in watchers:
+        w.start()
+    time.sleep(1)
+    kube = cluster.kube()
+    applied: dict[str, float] = {}
+
+    def one(i: int) -> None:
+        applied[f"job-{i:04d}"] = create(kube, i)  # when the job existed
+
+    before = cpu_by_process(operator_pid)
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(one, range(first, first + jobs)))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(set(applied) - set(sts_seen)) > 0:
+        time.sleep(0.2)
+    wall = time.monotonic() - started
+    spent = {name: cpu - before.get(name, 0.0) for name, cpu in cpu_by_process(operator_pid).items()}
+    while until_running and time.monotonic() < deadline and len(set(applied) - set(running_seen)) > 0:
+        time.sleep(1)
+    stop.set()
+    to_sts = [sts_seen[n] - t for n, t in applied.items() if n in sts_seen]
+    to_run = [running_seen[n] - t for n, t in applied.items() if n in running_seen]
+    return Burst(to_sts, to_run, wall, spent)
+
+
+def floor_creator(cluster: LocalCluster, jobs: int) -> Callable[[Kube, int], float]:
+    """A controller with zero latency and zero CPU: children rendered ahead, applied in the creating thread."""
+    from kubernetes import config
+
+    from finetune_operator.api import FineTuneJob
+    from finetune_operator.plan import choose_plan
+    from finetune_operator.reconcile.cluster_io import ClusterIO
+    from finetune_operator.render.manifests import render_all
+    from finetune_operator.render.options import RenderOptions
+
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))  # type: ignore[no-untyped-call]
+    api.configuration.connection_pool_maxsize = 20
+    io = ClusterIO(api)
+    options = RenderOptions(trainer_image=IMAGE)
+    prepared = []
+    for i in range(jobs):
+        doc = document(FLOOR_NS, i)
+        job = FineTuneJob.from_manifest({**doc, "metadata": {**doc["metadata"], "uid": "UID"}})
+        plan = choose_plan(job.spec)
+        prepared.append((doc, render_all(job, plan, options, job.spec.resources.num_nodes), {"plan": plan.to_wire()}))
+
+    def create(kube: Kube, i: int) -> float:
+        doc, children, status = prepared[i]
+        created = kube.create(jobs_path(FLOOR_NS), doc)
+        existed = time.monotonic()
+        meta = created["metadata"]
+        for child in children:
+            for owner in child["metadata"].get("ownerReferences", []):
+                owner["uid"] = meta["uid"]
+        io.apply(children)
+        io.patch_status(FLOOR_NS, meta["name"], meta["resourceVersion"], status)
+        return existed
+
+    return create
+
+
+def user_creator(kube: Kube, i: int) -> float:
+    """What `kubectl apply` does: create the job; the operator does the rest."""
+    kube.create(jobs_path(NS), document(NS, i))
+    return time.monotonic()
+
+
+def delete_namespace(kube: Kube, namespace: str, timeout: float = 300) -> None:
+    kube.delete(f"/api/v1/namespaces/{namespace}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            kube.get(f"/api/v1/namespaces/{namespace}")
+        except Exception:
+            return
+        time.sleep(1)
 
 
 def main() -> None:
@@ -65,54 +233,46 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--idle-jobs", type=int, default=500)
     parser.add_argument("--idle-seconds", type=float, default=60)
+    parser.add_argument("--no-floor", action="store_true", help="skip the no-operator baseline")
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy the operator during the burst into FILE")
     args = parser.parse_args()
     nodes = (max(args.jobs, args.idle_jobs) + 7) // 8
     work = Path(tempfile.mkdtemp(prefix="ftjob-scale-"))
     with LocalCluster(work / "cluster", gpu_nodes=nodes) as cluster:
         kube = cluster.kube()
         install_crd(kube)
+        floor: Burst | None = None
+        if not args.no_floor:
+            kube.create("/api/v1/namespaces", {"metadata": {"name": FLOOR_NS}})
+            floor = burst(cluster, FLOOR_NS, args.jobs, floor_creator(cluster, args.jobs), None, until_running=False)
+            print(floor.line("floor"), flush=True)
+            delete_namespace(kube, FLOOR_NS)
         kube.create("/api/v1/namespaces", {"metadata": {"name": NS}})
-        operator = OperatorProcess(cluster.kubeconfig, work / "operator.log", extra_args=("--interval", "5"))
+        operator = OperatorProcess(
+            cluster.kubeconfig, work / "operator.log", extra_args=("--interval", "5", "--namespace", NS)
+        )
         operator.start()
-        stop = threading.Event()
-        sts_seen: dict[str, float] = {}
-        running_seen: dict[str, float] = {}
-        watchers = [
-            threading.Thread(target=watch_times, daemon=True, args=(
-                cluster, f"/apis/apps/v1/namespaces/{NS}/statefulsets", stop, sts_seen, lambda o: True)),
-            threading.Thread(target=watch_times, daemon=True, args=(
-                cluster, JOBS, stop, running_seen, lambda o: (o.get("status") or {}).get("state") == "Running")),
-        ]  # fmt: skip
-        for w in watchers:
-            w.start()
-        time.sleep(1)
-        applied: dict[str, float] = {}
-
-        def create(i: int) -> None:
-            doc = job_document(resources={"numNodes": 1, "gpusPerNode": 1},
-                               dataset={"uri": "/data/train.jsonl"}, output={"uri": "/out"})  # fmt: skip
-            doc["metadata"] = {"name": f"job-{i:04d}", "namespace": NS}
-            kube.create(JOBS, doc)
-            applied[f"job-{i:04d}"] = time.monotonic()
-
-        started = time.monotonic()
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            list(pool.map(create, range(args.jobs)))
-        print(f"applied {args.jobs} jobs in {time.monotonic() - started:.1f}s")
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and len(running_seen) < args.jobs:
-            time.sleep(1)
-        to_sts = [sts_seen[n] - t for n, t in applied.items() if n in sts_seen]
-        to_run = [running_seen[n] - t for n, t in applied.items() if n in running_seen]
-        print(f"apply → StatefulSet: n={len(to_sts)} p50={statistics.median(to_sts):.2f}s p99={pct(to_sts, 0.99):.2f}s")
-        print(f"apply → Running:     n={len(to_run)} p50={statistics.median(to_run):.2f}s p99={pct(to_run, 0.99):.2f}s")
-        if args.idle_jobs > args.jobs:
-            with ThreadPoolExecutor(max_workers=16) as pool:
-                list(pool.map(create, range(args.jobs, args.idle_jobs)))
-            while len(running_seen) < args.idle_jobs and time.monotonic() < deadline + 600:
-                time.sleep(1)
-        stop.set()
         assert operator.proc is not None
+        spy = start_profile(operator.proc.pid, args.profile) if args.profile else None
+        measured = burst(cluster, NS, args.jobs, user_creator, operator.proc.pid, True)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
+            print(f"profile of the operator during the burst: {args.profile}")
+        print(measured.line("operator"))
+        if floor is not None:
+            ratio = measured.wall_to_last_sts / floor.wall_to_last_sts
+            print(f"operator / floor, burst start → last StatefulSet: {ratio:.2f}x")
+        ranked = sorted(measured.cpu.items(), key=lambda kv: -kv[1])
+        print(f"CPU seconds until the operator's last StatefulSet ({measured.wall_to_last_sts:.1f}s wall, 2 cores): "
+              + ", ".join(f"{name} {cpu:.1f}" for name, cpu in ranked if cpu >= 0.05))  # fmt: skip
+        total = len(measured.to_run)
+        if args.idle_jobs > args.jobs:
+            rest = burst(
+                cluster, NS, args.idle_jobs - args.jobs,
+                user_creator, operator.proc.pid, True, first=args.jobs,
+            )  # fmt: skip
+            total += len(rest.to_run)
         proc = psutil.Process(operator.proc.pid)
         time.sleep(10)
         cpu0, t0 = proc.cpu_times(), time.monotonic()
@@ -122,7 +282,7 @@ def main() -> None:
             time.sleep(1)
         cpu1 = proc.cpu_times()
         used = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
-        print(f"idle with {len(running_seen)} running jobs: RSS max {max(rss) / 2**20:.0f} MiB, "
+        print(f"idle with {total} running jobs: RSS max {max(rss) / 2**20:.0f} MiB, "
               f"CPU {100 * used / (time.monotonic() - t0):.1f}% of one core (interval 5 s)")  # fmt: skip
         operator.stop()
 

@@ -55,6 +55,11 @@ class RecordingReconciler:
     def forget(self, uid: str) -> None:
         self.forgotten.append(uid)
 
+    own_writes: set[tuple[str, str]] = field(default_factory=set)
+
+    def is_own_write(self, uid: str, resource_version: str) -> bool:
+        return (uid, resource_version) in self.own_writes
+
 
 def job_event(name: str, rv: str, type_: str | None = "MODIFIED") -> dict[str, Any]:
     body = {
@@ -127,6 +132,22 @@ def test_a_burst_of_pod_events_is_one_pass(handlers: JobHandlers, reconciler: Re
     wait_for(lambda: len(reconciler.calls) >= 2)
     time.sleep(0.3)
     assert len(reconciler.calls) == 2
+
+
+def test_the_echo_of_our_own_status_write_is_stored_but_causes_no_pass(
+    handlers: JobHandlers, reconciler: RecordingReconciler
+) -> None:
+    run(handlers.on_job(job_event("a", "1")))
+    wait_for(lambda: len(reconciler.calls) == 1)
+    reconciler.own_writes.add(("uid-a", "2"))  # the pass wrote status; the apiserver answered rv 2
+    run(handlers.on_job(job_event("a", "2")))
+    time.sleep(0.3)
+    assert len(reconciler.calls) == 1
+    run(handlers.on_child(pod_event("a")))  # the next pass sees the newest body all the same
+    wait_for(lambda: len(reconciler.calls) == 2)
+    assert reconciler.calls[1].body["metadata"]["resourceVersion"] == "2"
+    run(handlers.on_job(job_event("a", "3")))  # anyone else's change is a pass
+    wait_for(lambda: len(reconciler.calls) == 3)
 
 
 def test_children_of_an_unknown_job_cause_no_pass(handlers: JobHandlers, reconciler: RecordingReconciler) -> None:

@@ -38,6 +38,8 @@ class ReconcilerLike(Protocol):
 
     def forget(self, uid: str) -> None: ...
 
+    def is_own_write(self, uid: str, resource_version: str) -> bool: ...
+
 
 def job_key(kw: Mapping[str, Any]) -> Key:
     """The owning job of a child, from its namespace and job-name label."""
@@ -107,11 +109,15 @@ class JobHandlers:
             self.queue.forget(key)
             self.reconciler.forget(str(kw["uid"]))
             return
+        body = kw["body"]
         with self._lock:
-            if key not in self._bodies:
+            first = key not in self._bodies
+            if first:
                 self._unapplied.add(key)  # first sight since start: re-assert every child once
-            self._bodies[key] = _slim(kw["body"])
-        self.queue.poke(key)
+            self._bodies[key] = _slim(body)
+        version = str((body.get("metadata") or {}).get("resourceVersion", ""))
+        if first or not self.reconciler.is_own_write(str(kw["uid"]), version):
+            self.queue.poke(key)  # the echo of our own status write needs no pass
 
     async def on_child(self, kw: Mapping[str, Any]) -> None:
         self.queue.poke(job_key(kw), delay=POKE_DELAY_SECONDS)

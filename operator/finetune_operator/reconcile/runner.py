@@ -67,6 +67,7 @@ class Reconciler:
         self._locks_guard = threading.Lock()
         self._samples: dict[str, Sample] = {}
         self._hashes: dict[str, tuple[tuple[str, str], str]] = {}
+        self._written: dict[str, str] = {}
 
     def _desired_hash(self, job: FineTuneJob, plan: PlanStatus) -> str:
         """`gang_hash`, remembered per job: it renders every config file, and each pass needs it."""
@@ -88,6 +89,7 @@ class Reconciler:
             self._locks.pop(uid, None)
         self._samples.pop(uid, None)
         self._hashes.pop(uid, None)
+        self._written.pop(uid, None)
         self.census.record(uid, "", None)
 
     def reconcile(self, body: Mapping[str, Any], observed: Observed, apply_all: bool = False) -> Outcome:
@@ -205,12 +207,18 @@ class Reconciler:
             return False
         meta = body.get("metadata", {})
         try:
-            self.cluster.patch_status(
+            written = self.cluster.patch_status(
                 meta["namespace"], meta["name"], meta.get("resourceVersion"), status_patch(old, new)
             )
         except Conflict:
             return False  # the next pass decides again on the newer object
+        self._written[str(meta.get("uid", ""))] = written
         return True
+
+    def is_own_write(self, uid: str, resource_version: str) -> bool:
+        """Whether this version of the job is the status this operator just wrote: its watch
+        event needs no pass (the pass that wrote it already decided on everything else)."""
+        return bool(resource_version) and self._written.get(uid) == resource_version
 
     def _write_invalid(self, body: Mapping[str, Any], namespace: str, name: str, decision: Decision) -> Outcome:
         wrote = self._write_status(body, decision)
