@@ -39,6 +39,24 @@ def post_event(body: Mapping[str, Any], event: Event) -> None:
     )
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No essence, no diff: this registry has no change handlers that would read one.
+
+    kopf's default storage deep-copies every event's whole body (managedFields, status and
+    all) to diff it against the last-handled one; with only event handlers and indexes
+    that copy is thrown away. Measured: a sixth of the operator's CPU in a burst of 200 jobs.
+    """
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 def connection_from_client() -> kopf.ConnectionInfo:
     """kopf's credentials from the already configured kubernetes client.
 
@@ -71,6 +89,7 @@ def build_registry(reconciler: Reconciler, settings: HandlerSettings) -> kopf.Op
     @kopf.on.startup(registry=registry)
     def configure(**kw: Any) -> None:
         operator_settings: kopf.OperatorSettings = kw["settings"]
+        operator_settings.persistence.diffbase_storage = NoDiffBase()
         operator_settings.posting.level = logging.CRITICAL  # our own events only, not kopf's log lines
         operator_settings.scanning.disabled = True  # no CRD/namespace watching: RBAC stays minimal
         operator_settings.watching.server_timeout = 270
