@@ -9,6 +9,14 @@ Runs the real pod entrypoint (`ftjob train`) on 2 CPU ranks (gloo) with the demo
 - dslogger: metrics off, DeepSpeed's own comms logger on for every op (`comms_logger`
             {enabled, prof_all} in deepspeed.json): the alternative we did not choose.
 
+`--paired` (the number to quote) runs once per stage with everything on and
+FTJOB_METRICS_ALTERNATE=1: the accounting is paused on the middle two steps of every
+block of four (on, off, off, on), so steps with and without it interleave in one process
+and share whatever else the machine is doing. Each block gives the ratio of its "on" to
+its "off" whole iterations (hooks included); a linear drift and any odd/even-step pattern
+cancel inside a block. The median over blocks is printed. Separate runs (the default mode)
+differ by more than the effect on a shared machine.
+
 `--micro` measures instead, in one process, what the accounting adds per collective (a
 small all-reduce on a 1-rank gloo group, wrapped vs bare) and per step (the loop's hooks
 with the model-state walk of a small module): per-call cost x calls per step + hook cost,
@@ -18,6 +26,7 @@ The step time is the loop's own wall clock per optimizer step (train_log.jsonl),
 the steps after the first two (set-up, ZeRO-3 trace recording). On a shared 2-core machine the
 noise between runs is a few per cent, so the rounds are interleaved and repeated.
 
+    DS_ACCELERATOR=cpu .venv/bin/python benchmarks/metrics_overhead.py --paired [--stages 2 3] [--steps 60]
     DS_ACCELERATOR=cpu .venv/bin/python benchmarks/metrics_overhead.py [--stages 2 3] [--steps 20] [--rounds 2]
 """
 
@@ -68,6 +77,29 @@ def run_once(stage: int, steps: int, mode: str, workdir: Path) -> float:
         raise RuntimeError(f"{mode} ZeRO-{stage} failed:\n{run.log()[-3000:]}")
     seconds = [e["seconds"] for e in run.train_log() if "seconds" in e][SKIP:]
     return statistics.median(seconds)
+
+
+def paired(stage: int, steps: int, workdir: Path) -> tuple[list[float], float, float]:
+    """(block on/off ratios, median on iteration s, median off iteration s) of one run."""
+    from tests.trainer.conftest import free_port, render_config, start_train
+
+    config = render_config(workdir / "config", manifest(stage, steps))
+    env = {"FTJOB_METRICS": "on", "FTJOB_METRICS_ALTERNATE": "1", "FTJOB_METRICS_PORT": str(free_port())}
+    run = start_train(config, workdir / "out", env=env, tag="paired")
+    if run.wait(900) != 0:
+        raise RuntimeError(f"paired ZeRO-{stage} failed:\n{run.log()[-3000:]}")
+    rows = [e for e in run.train_log() if "iteration_seconds" in e]
+    blocks: dict[int, dict[str, float]] = {}
+    for row in rows:
+        block = (int(row["step"]) - 1) // 4
+        if block >= 1:  # the first block holds set-up (and ZeRO-3's trace recording)
+            sums = blocks.setdefault(block, {"on": 0.0, "off": 0.0, "n": 0})
+            sums[row["metrics"]] += row["iteration_seconds"]
+            sums["n"] += 1
+    ratios = [b["on"] / b["off"] for b in blocks.values() if b["n"] == 4]
+    on = [r["iteration_seconds"] for r in rows[4:] if r["metrics"] == "on"]
+    off = [r["iteration_seconds"] for r in rows[4:] if r["metrics"] == "off"]
+    return ratios, statistics.median(on), statistics.median(off)
 
 
 def micro(calls: int = 3000) -> None:
@@ -150,9 +182,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--micro", action="store_true", help="per-call and per-step costs in one process")
+    parser.add_argument("--paired", action="store_true", help="accounting on and off on alternate steps of one run")
     args = parser.parse_args(argv)
     if args.micro:
         micro()
+        return 0
+    if args.paired:
+        with tempfile.TemporaryDirectory(prefix="metrics-overhead-") as tmp:
+            print(f"{'stage':<8}{'blocks':>7}{'on ms':>10}{'off ms':>10}{'on/off median':>15}{'quartiles':>16}")
+            for stage in args.stages:
+                ratios, on, off = paired(stage, args.steps, Path(tmp) / f"z{stage}")
+                q1, med, q3 = statistics.quantiles(ratios, n=4)
+                print(f"ZeRO-{stage:<3}{len(ratios):>7}{on * 1e3:>10.2f}{off * 1e3:>10.2f}{med:>15.3f}"
+                      f"{f'{q1:.3f}-{q3:.3f}':>16}", flush=True)  # fmt: skip
         return 0
     results: dict[tuple[int, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="metrics-overhead-") as tmp:

@@ -86,6 +86,27 @@ def test_comm_wrapper_counts_each_collective_once(single_rank_group: None) -> No
     assert comm_module.all_gather_into_tensor is original and dist.all_gather_into_tensor is original
 
 
+def test_paused_accounting_lets_collectives_through_uncounted(single_rank_group: None) -> None:
+    import deepspeed.comm as dist
+    import torch
+
+    metrics = RankMetrics(new_registry(), INFO, on_gpu=False, planned={"weights": 10})
+    try:
+        t = torch.ones(10)
+        metrics.pause(True)
+        metrics.step_started()
+        dist.all_reduce(t)
+        assert t.tolist() == [1.0] * 10  # the collective still ran (one rank: sum of one)
+        metrics.step_done(step=1, epoch=0.0, loss=1.0, lr=1e-3, grad_norm=None, samples=1, tokens=1,
+                          seconds=0.1, wait_seconds=0.0, model_params=10)  # fmt: skip
+        assert metrics.comm.totals.by_op["all_reduce"].count == 0
+        metrics.pause(False)
+        dist.all_reduce(t)
+        assert metrics.comm.totals.by_op["all_reduce"].count == 1
+    finally:
+        metrics.close()
+
+
 def test_cpu_exposition_has_process_series_and_marks_gpu_only(single_rank_group: None) -> None:
     registry = new_registry()
     metrics = RankMetrics(registry, INFO, on_gpu=False, planned={"weights": 10, "gradients": 20}, comm=False)

@@ -251,7 +251,10 @@ class Trainer:
             self.metrics.progress.max_steps.set(self.total_steps)
             self.metrics.progress.global_step.set(start)
         for step in range(start, self.total_steps):
+            iteration_began = time.perf_counter()
             if self.metrics is not None:
+                if self.metrics.alternate:  # on, off, off, on: drift and step parity cancel in each block
+                    self.metrics.pause(step % 4 in (1, 2))
                 self.metrics.step_started()
             began = time.perf_counter()
             wait = 0.0
@@ -292,17 +295,20 @@ class Trainer:
                     wait_seconds=wait,
                     model_params=self.total_params,
                 )
-            self._record(
-                {
-                    "step": done,
-                    "loss": last_loss,
-                    "lr": lr,
-                    "grad_norm": grad_norm,
-                    "tokens": tokens,
-                    "epoch": epoch,
-                    "seconds": seconds,
-                }
-            )
+            entry: dict[str, Any] = {
+                "step": done,
+                "loss": last_loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "tokens": tokens,
+                "epoch": epoch,
+                "seconds": seconds,
+                # the whole iteration, the metric hooks included (seconds: the training work)
+                "iteration_seconds": time.perf_counter() - iteration_began,
+            }
+            if self.metrics is not None and self.metrics.alternate:
+                entry["metrics"] = "off" if self.metrics.paused else "on"
+            self._record(entry)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{last_loss:.3f}", lr=f"{lr:.2e}")

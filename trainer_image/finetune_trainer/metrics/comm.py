@@ -185,6 +185,7 @@ class CommMetrics:
         self._lock = threading.Lock()
         self._group_sizes: dict[int, int] = {}
         self._installed: list[tuple[Any, str, Any]] = []
+        self.paused = False  # the overhead benchmark's "off" steps: the wrapper passes calls straight through
 
     # ---- installation -----------------------------------------------------------------------
     def install(self) -> None:
@@ -224,6 +225,8 @@ class CommMetrics:
         op = leaf.op
 
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if self.paused:
+                return original(*args, **kwargs)
             size = _nbytes(_arg(args, kwargs, leaf.size_arg, leaf.size_kw))
             n = self._group_size(_arg(args, kwargs, leaf.group_arg, "group"))
             is_async = bool(_arg(args, kwargs, leaf.async_arg, "async_op", False))

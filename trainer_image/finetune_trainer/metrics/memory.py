@@ -126,6 +126,7 @@ def optimizer_state_tensors(engine: Any) -> Iterator[Any]:
 class MemoryMetrics(Collector):
     """Model-state, planned and (GPU) allocator series of one rank."""
 
+    paused = False  # the overhead benchmark's "off" steps
     min_interval_s = 5.0  # model state changes after the first steps only with offload or re-plans
 
     def __init__(self, registry: CollectorRegistry, rank: int, on_gpu: bool, planned: dict[str, int]) -> None:
@@ -169,6 +170,8 @@ class MemoryMetrics(Collector):
             return
 
         def sampled_step(*args: Any, **kwargs: Any) -> Any:
+            if self.paused:
+                return step(*args, **kwargs)
             self._steps_seen += 1
             due = self._steps_seen <= 2 or time.monotonic() - self._sampled_at >= self.min_interval_s
             if not due:

@@ -5,6 +5,10 @@ step and `checkpoint_done` after a save; the memory and communication collectors
 these so the loop stays about training. Communication accounting is installed at
 construction, before `deepspeed.initialize`, so the start-up broadcasts are counted too.
 
+FTJOB_METRICS_ALTERNATE=1 (benchmarks/metrics_overhead.py) pauses all of it on steps 1 and 2
+of every 4 (on, off, off, on), so one run compares steps with and without the accounting
+side by side.
+
 FTJOB_METRICS_STEP_LOG=PATH appends one JSON line per rank and step with the step's
 collectives by op (count, bytes, bus bytes, seconds) and the model-state sample: the
 comm-bytes benchmark reads it, and it helps when no Prometheus is at hand.
@@ -25,6 +29,7 @@ from .memory import MemoryMetrics
 from .progress import ProgressMetrics
 
 STEP_LOG_ENV = "FTJOB_METRICS_STEP_LOG"
+ALTERNATE_ENV = "FTJOB_METRICS_ALTERNATE"
 
 
 class RankMetrics:
@@ -47,15 +52,25 @@ class RankMetrics:
         raw = os.environ.get(STEP_LOG_ENV, "")
         self._step_log = Path(raw) if raw else None
         self._log_lock = threading.Lock()
+        self.alternate = os.environ.get(ALTERNATE_ENV, "") == "1"
+        self.paused = False
 
     def engine_ready(self, engine: Any) -> None:
         self.memory.watch(engine)
 
+    def pause(self, paused: bool) -> None:
+        """Stop (or resume) all accounting: collectives pass straight through, no hooks run."""
+        self.paused = self.comm.paused = self.memory.paused = paused
+
     def step_started(self) -> None:
+        if self.paused:
+            return
         self.memory.step_started()
         self._step_start = self.comm.totals.snapshot()
 
     def step_done(self, **progress: Any) -> None:
+        if self.paused:
+            return
         self.progress.step_done(**progress)
         self.memory.step_done()
         self.comm.resolve_gpu_timings()
