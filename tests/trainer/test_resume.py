@@ -95,10 +95,12 @@ def test_sigkill_mid_epoch_then_resume_matches(
 ) -> None:
     config = render_config(tmp_path / "config", _manifest(tiny_model_dir, reference[2]))
     out = tmp_path / "out"
-    first = launch(config, out, tag="first")
+    stop_at = CHECKPOINT_EVERY + 2  # between two checkpoints: steps after the last one are lost
+    # the ranks SIGSTOP themselves after logging `stop_at`, so the kill below cannot race the loop
+    first = launch(config, out, tag="first", env={"FTJOB_FAULT_STOP": f"step:{stop_at}"})
     assert wait_for(
         lambda: (
-            any(e.get("step", 0) >= CHECKPOINT_EVERY + 1 and "loss" in e for e in first.train_log())
+            any(e.get("step", 0) >= stop_at and "loss" in e for e in first.train_log())
             or first.proc.poll() is not None
         ),
         timeout=240,
@@ -110,7 +112,7 @@ def test_sigkill_mid_epoch_then_resume_matches(
     saved = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
     assert saved, "no checkpoint before the kill"
     resume_from = int(saved[-1].split("-")[1])
-    assert resume_from < killed_at < STEPS
+    assert (resume_from, killed_at) == (CHECKPOINT_EVERY, stop_at)
 
     second = launch(config, out, tag="second")
     assert second.wait(240) == 0, second.log()[-3000:]

@@ -85,9 +85,14 @@ def _fsync_dir(path: Path) -> None:
 
 
 def fault_point(where: str, step: int) -> None:
-    """Fault injection for the resume tests: FTJOB_FAULT_KILL=<where>:<step> SIGKILLs this rank there."""
-    if os.environ.get("FTJOB_FAULT_KILL") == f"{where}:{step}":
+    """Fault injection for the resume tests: FTJOB_FAULT_KILL=<where>:<step> SIGKILLs this rank
+    there; FTJOB_FAULT_STOP=<where>:<step> SIGSTOPs it, so a test can kill the whole pod at a
+    known step instead of racing the training loop."""
+    here = f"{where}:{step}"
+    if os.environ.get("FTJOB_FAULT_KILL") == here:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("FTJOB_FAULT_STOP") == here:
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def rng_state() -> dict[str, Any]:
