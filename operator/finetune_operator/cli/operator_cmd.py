@@ -11,6 +11,13 @@ import threading
 DEFAULT_IMAGE_ENV = "FTJOB_TRAINER_IMAGE"
 
 
+def _positive_int(text: str) -> int:
+    value = int(text) if text.strip().isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
+
+
 def _env_list(name: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
 
@@ -37,8 +44,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workers",
-        type=int,
-        default=int(env("FTJOB_RECONCILE_WORKERS", "16")),
+        type=_positive_int,
+        default=env("FTJOB_RECONCILE_WORKERS", "16"),
         help="jobs reconciled in parallel (each job on one worker at a time)",
     )
     parser.add_argument("--pod-monitor", action="store_true", default=env("FTJOB_POD_MONITOR", "") == "true")

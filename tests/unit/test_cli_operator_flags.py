@@ -1,0 +1,29 @@
+"""`ftjob operator` flags: a bad worker count is a usage message naming the flag, not a traceback."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from finetune_operator.cli import operator_cmd
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ftjob operator")
+    operator_cmd.configure(parser)
+    return parser
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_workers_must_be_a_positive_whole_number(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["--workers", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--workers" in err and "at least 1" in err
+
+
+def test_workers_default_and_value() -> None:
+    assert build_parser().parse_args([]).workers == 16
+    assert build_parser().parse_args(["--workers", "4"]).workers == 4
