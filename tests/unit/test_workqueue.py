@@ -73,6 +73,17 @@ def test_a_poke_runs_the_key_once(make_queue: Callable[..., WorkQueue]) -> None:
     assert work.calls == Counter({"a": 1})
 
 
+def test_a_key_that_wants_nothing_more_keeps_no_entry(make_queue: Callable[..., WorkQueue]) -> None:
+    work = Recorder()  # returns None: no next pass wanted
+    queue = make_queue(work)
+    for i in range(50):  # e.g. pod events of jobs that were deleted
+        queue.poke(("ns", f"gone-{i}"))
+    wait_for(lambda: len(work.calls) == 50)
+    wait_for(lambda: len(queue) == 0)
+    queue.poke(("ns", "gone-0"))  # and a later poke still runs it
+    wait_for(lambda: work.calls[("ns", "gone-0")] == 2)
+
+
 def test_pokes_while_waiting_merge_into_one_pass(make_queue: Callable[..., WorkQueue]) -> None:
     work = Recorder()
     queue = make_queue(work)

@@ -154,3 +154,5 @@ class WorkQueue:
             entry.due = None
             if wanted:
                 self._schedule(entry, key, min(wanted))
+            else:
+                del self._entries[key]  # nothing wanted: a key at rest (or of a deleted job) keeps no memory
