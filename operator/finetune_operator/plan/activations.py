@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .param_count import ArchitectureShape
-from .workload import Workload
+from .workload import Workload, per_workload
 
 LOGIT_BYTES_PER_VOCAB = 12
 SOFTCAP_EXTRA_BYTES_PER_VOCAB = 2
@@ -66,6 +66,7 @@ class ActivationBytes:
     logits: int
 
 
+@per_workload
 def layer_bytes_per_token(workload: Workload) -> float:
     """What one decoder layer keeps for backward, per token, without checkpointing."""
     shape: ArchitectureShape = workload.shape
@@ -91,6 +92,7 @@ def layer_bytes_per_token(workload: Workload) -> float:
     return float(per_token)
 
 
+@per_workload
 def materialised_expert_bytes_per_layer(workload: Workload) -> int:
     """peft's LoRA on fused expert weights keeps `W + B·A` for backward, per layer."""
     shape = workload.shape

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from .activations import activation_bytes
 from .param_count import is_adapted, lora_rank
-from .workload import HOST_BASELINE_PER_RANK, Workload
+from .workload import HOST_BASELINE_PER_RANK, Workload, per_workload
 
 BREAKDOWN_KEYS = (
     "weights",
@@ -83,6 +83,7 @@ class MemoryEstimate:
         return sum(self.breakdown[key] for key in MODEL_STATE_KEYS)
 
 
+@per_workload
 def frozen_weight_bytes(workload: Workload) -> int:
     """The frozen base in its storage format (NF4 for QLoRA's quantisable linears)."""
     counts = workload.counts
@@ -94,6 +95,7 @@ def frozen_weight_bytes(workload: Workload) -> int:
     return counts.frozen * workload.param_bytes
 
 
+@per_workload
 def persistent_adapter_params(workload: Workload) -> int:
     """LoRA matrices below ZeRO-3's persistence threshold: kept whole on every rank, not sharded."""
     if workload.method == "full":
@@ -109,15 +111,21 @@ def persistent_adapter_params(workload: Workload) -> int:
     return out
 
 
+@per_workload
 def persisted_param_bytes(workload: Workload) -> float:
     """Bytes of parameters ZeRO-3 keeps whole on every rank (below the persistence threshold).
 
     They are not gathered in forward or backward; DeepSpeed gathers them once after each
     optimizer step, which updated them by partition (see `comm.bytes_per_step`).
     """
+    return workload.param_bytes * (small_params(workload) + persistent_adapter_params(workload))
+
+
+@per_workload
+def small_params(workload: Workload) -> int:
+    """Parameters in tensors below ZeRO-3's persistence threshold (norms, biases): never partitioned."""
     threshold = workload.buffers.persistence_threshold
-    frozen_small = sum(g.params for g in workload.shape.groups if g.params_each < threshold)
-    return workload.param_bytes * (frozen_small + persistent_adapter_params(workload))
+    return sum(g.params for g in workload.shape.groups if g.params_each < threshold)
 
 
 def _gradient_bytes(workload: Workload, stage: int, offloaded: bool) -> float:
@@ -139,8 +147,7 @@ def _buffer_bytes(workload: Workload, stage: int) -> float:
     if stage in (1, 2):
         return e * min(buffers.reduce_bucket, trainable) + e * min(buffers.allgather_bucket, trainable)
     if stage == 3:
-        shape = workload.shape
-        unpartitioned = sum(g.params for g in shape.groups if g.params_each < buffers.persistence_threshold)
+        unpartitioned = small_params(workload)
         gathered_layer = 2 * e * workload.counts.largest_layer
         return (
             gathered_layer + e * (buffers.prefetch_bucket + min(buffers.reduce_bucket, trainable)) + e * unpartitioned

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from .errors import UnknownArchitectureError
@@ -59,11 +60,11 @@ class ArchitectureShape:
     tied_embeddings: bool = False
     logit_softcapping: bool = False
 
-    @property
+    @cached_property  # frozen: computed once per shape (the planner asks for it per candidate)
     def total_params(self) -> int:
         return sum(g.params for g in self.groups)
 
-    @property
+    @cached_property
     def active_params(self) -> int:
         """Parameters one token passes through (MoE: only the routed experts)."""
         share = self.experts_per_token / self.num_experts

@@ -8,7 +8,10 @@ strategy and never look at the spec again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import wraps
+from typing import TypeVar
 
 from ..api.base import quantity_bytes
 from ..api.spec import FineTuneJobSpec
@@ -25,6 +28,30 @@ HOST_BASELINE_PER_RANK = 3 * GIB
 NF4_DOUBLE_QUANT_BYTES = (4 + 8 / 64 + 32 / (64 * 256)) / 8
 NF4_PLAIN_BYTES = 4.5 / 8
 DEFAULT_SUB_GROUP_SIZE = 1_000_000_000
+
+
+T = TypeVar("T")
+
+
+def per_workload(term: Callable[[Workload], T]) -> Callable[[Workload], T]:
+    """Compute a term of a workload once: the planner evaluates ~100 strategies of one
+    workload, and terms that depend on the workload alone were most of its time.
+
+    The value lives in the (frozen) instance's own `__dict__`, like `functools.cached_property`:
+    it goes with the instance, and `replace()` (another workload) starts without it. Hashing
+    the workload to key a shared cache would cost as much as the term.
+    """
+    slot = f"_term_{term.__module__}.{term.__qualname__}"
+
+    @wraps(term)
+    def cached(workload: Workload) -> T:
+        memo = workload.__dict__
+        if slot not in memo:
+            memo[slot] = term(workload)
+        value: T = memo[slot]
+        return value
+
+    return cached
 
 
 @dataclass(frozen=True)
