@@ -66,6 +66,7 @@ class Reconciler:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._samples: dict[str, Sample] = {}
+        self._scraped_at: dict[str, float] = {}
         self._hashes: dict[str, tuple[tuple[str, str], str]] = {}
         self._written: dict[str, str] = {}
 
@@ -88,6 +89,7 @@ class Reconciler:
         with self._locks_guard:
             self._locks.pop(uid, None)
         self._samples.pop(uid, None)
+        self._scraped_at.pop(uid, None)
         self._hashes.pop(uid, None)
         self._written.pop(uid, None)
         self.census.record(uid, "", None)
@@ -177,9 +179,11 @@ class Reconciler:
         uid = job.metadata.uid or ""
         if rank0 is None:
             return None
-        previous = self._samples.get(uid)
-        if previous is not None and time.time() - previous.at < PROGRESS_EVERY_SECONDS:
+        last = self._scraped_at.get(uid)
+        if last is not None and time.time() - last < PROGRESS_EVERY_SECONDS:
             return job.status.progress if job.status else None
+        # a failed read waits its turn too: an unreachable rank 0 costs one timeout per period, not per pass
+        self._scraped_at[uid] = time.time()
         values = scrape(f"http://{rank0.ip}:{self.options.metrics_port}/metrics")
         if values is None:
             return job.status.progress if job.status else None
