@@ -93,6 +93,21 @@ def cpu_by_process(operator_pid: int | None) -> dict[str, float]:
     return out
 
 
+def api_requests(kube: Kube) -> dict[str, float]:
+    """The apiserver's own count of requests so far, by verb and resource (its /metrics)."""
+    text = kube.session.get(kube.server + "/metrics", timeout=30).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        inside, value = line[line.index("{") + 1 :].rsplit("} ", 1)
+        labels = {k: v.strip('"') for k, v in (part.split("=", 1) for part in inside.split(","))}
+        sub = labels.get("subresource", "")
+        key = f"{labels.get('verb', '')} {labels.get('resource', '')}{'/' + sub if sub else ''}"
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
 def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes]:
     """py-spy samples the operator (all threads) until interrupted."""
     spy = Path(sys.executable).with_name("py-spy")
@@ -117,12 +132,20 @@ class Burst:
     to_sts: list[float]
     to_run: list[float]
     wall_to_last_sts: float
+    created_within: float
     cpu: dict[str, float]
+    requests: dict[str, float]
+
+    def request_line(self) -> str:
+        jobs = max(1, len(self.to_sts))
+        ranked = sorted(((n, c) for n, c in self.requests.items() if c >= jobs / 10), key=lambda kv: -kv[1])
+        return "apiserver requests per job during the burst: " + ", ".join(f"{n} {c / jobs:.1f}" for n, c in ranked)
 
     def line(self, label: str) -> str:
         sts, run = self.to_sts, self.to_run
         text = (f"{label:<9} apply → StatefulSet p50 {statistics.median(sts):6.2f}s p99 {pct(sts, 0.99):6.2f}s"
-                f"   (n={len(sts)}, last after {self.wall_to_last_sts:.1f}s)")  # fmt: skip
+                f"   (n={len(sts)}, created within {self.created_within:.1f}s,"
+                f" last after {self.wall_to_last_sts:.1f}s)")  # fmt: skip
         if run:
             text += f"   apply → Running p50 {statistics.median(run):6.2f}s p99 {pct(run, 0.99):6.2f}s (n={len(run)})"
         return text
@@ -159,20 +182,23 @@ def burst(
         applied[f"job-{i:04d}"] = create(kube, i)  # when the job existed
 
     before = cpu_by_process(operator_pid)
+    asked = api_requests(kube)
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=16) as pool:
         list(pool.map(one, range(first, first + jobs)))
+    created_within = time.monotonic() - started
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and len(set(applied) - set(sts_seen)) > 0:
         time.sleep(0.2)
     wall = time.monotonic() - started
     spent = {name: cpu - before.get(name, 0.0) for name, cpu in cpu_by_process(operator_pid).items()}
+    requests = {name: n - asked.get(name, 0.0) for name, n in api_requests(kube).items()}
     while until_running and time.monotonic() < deadline and len(set(applied) - set(running_seen)) > 0:
         time.sleep(1)
     stop.set()
     to_sts = [sts_seen[n] - t for n, t in applied.items() if n in sts_seen]
     to_run = [running_seen[n] - t for n, t in applied.items() if n in running_seen]
-    return Burst(to_sts, to_run, wall, spent)
+    return Burst(to_sts, to_run, wall, created_within, spent, requests)
 
 
 def floor_creator(cluster: LocalCluster, jobs: int) -> Callable[[Kube, int], float]:
@@ -234,6 +260,7 @@ def main() -> None:
     parser.add_argument("--idle-jobs", type=int, default=500)
     parser.add_argument("--idle-seconds", type=float, default=60)
     parser.add_argument("--no-floor", action="store_true", help="skip the no-operator baseline")
+    parser.add_argument("--workers", type=int, default=None, help="the operator's --workers (default: its own)")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the operator during the burst into FILE")
     args = parser.parse_args()
     nodes = (max(args.jobs, args.idle_jobs) + 7) // 8
@@ -246,11 +273,11 @@ def main() -> None:
             kube.create("/api/v1/namespaces", {"metadata": {"name": FLOOR_NS}})
             floor = burst(cluster, FLOOR_NS, args.jobs, floor_creator(cluster, args.jobs), None, until_running=False)
             print(floor.line("floor"), flush=True)
+            print(floor.request_line(), flush=True)
             delete_namespace(kube, FLOOR_NS)
         kube.create("/api/v1/namespaces", {"metadata": {"name": NS}})
-        operator = OperatorProcess(
-            cluster.kubeconfig, work / "operator.log", extra_args=("--interval", "5", "--namespace", NS)
-        )
+        flags = ("--interval", "5", "--namespace", NS, *(("--workers", str(args.workers)) if args.workers else ()))
+        operator = OperatorProcess(cluster.kubeconfig, work / "operator.log", extra_args=flags)
         operator.start()
         assert operator.proc is not None
         spy = start_profile(operator.proc.pid, args.profile) if args.profile else None
@@ -260,6 +287,7 @@ def main() -> None:
             spy.wait(60)
             print(f"profile of the operator during the burst: {args.profile}")
         print(measured.line("operator"))
+        print(measured.request_line())
         if floor is not None:
             ratio = measured.wall_to_last_sts / floor.wall_to_last_sts
             print(f"operator / floor, burst start → last StatefulSet: {ratio:.2f}x")
