@@ -150,6 +150,39 @@ def test_the_echo_of_our_own_status_write_is_stored_but_causes_no_pass(
     wait_for(lambda: len(reconciler.calls) == 3)
 
 
+def test_a_new_job_is_reconciled_before_status_passes_of_known_ones(reconciler: RecordingReconciler) -> None:
+    """In a burst of creations, children of new jobs are not queued behind pod-event passes."""
+    gate = threading.Event()
+    original = reconciler.reconcile
+
+    def held(body: Mapping[str, Any], observed: Observed, apply_all: bool = False) -> Outcome:
+        if body["metadata"]["name"] == "hold":
+            gate.wait(5)
+        return original(body, observed, apply_all)
+
+    reconciler.reconcile = held  # type: ignore[method-assign]
+    jobs = JobHandlers(reconciler, HandlerSettings(interval_seconds=60, resync_seconds=600, max_workers=1))
+    jobs.bind(pods={}, workers={})
+    jobs.start()
+    try:
+        for name in ("a", "b"):
+            run(jobs.on_job(job_event(name, "1")))
+        wait_for(lambda: len(reconciler.calls) == 2)
+        run(jobs.on_job(job_event("hold", "1")))  # occupies the only worker
+        time.sleep(0.05)
+        run(jobs.on_child(pod_event("a")))
+        run(jobs.on_child(pod_event("b")))
+        time.sleep(0.1)  # their pokes are due
+        run(jobs.on_job(job_event("new", "1")))
+        gate.set()
+        wait_for(lambda: len(reconciler.calls) == 6)
+        names = [c.body["metadata"]["name"] for c in reconciler.calls[2:]]
+        assert names == ["hold", "new", "a", "b"]
+        assert reconciler.calls[3].apply_all
+    finally:
+        jobs.stop()
+
+
 def test_children_of_an_unknown_job_cause_no_pass(handlers: JobHandlers, reconciler: RecordingReconciler) -> None:
     run(handlers.on_child(pod_event("stranger")))
     time.sleep(0.3)

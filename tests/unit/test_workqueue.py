@@ -172,3 +172,46 @@ def test_more_keys_than_workers_all_run(make_queue: Callable[..., WorkQueue]) ->
         queue.poke(i)
     wait_for(lambda: len(work.calls) == 100)
     assert set(work.calls.values()) == {1}
+
+
+def test_urgent_keys_go_before_every_other_due_key(make_queue: Callable[..., WorkQueue]) -> None:
+    """New jobs first: a burst of creations is not queued behind status passes."""
+    order: list[Hashable] = []
+    gate = threading.Event()
+
+    def work(key: Hashable) -> None:
+        if key == "busy":
+            gate.wait(5)
+        order.append(key)
+
+    queue = make_queue(work, workers=1)
+    queue.poke("busy")
+    wait_for(lambda: queue.running == 1)
+    for key in ("status-1", "status-2", "status-3"):
+        queue.poke(key)
+    queue.poke("new-1", urgent=True)
+    queue.poke("status-2", urgent=True)  # an already waiting key can be promoted
+    queue.poke("new-2", delay=0.05, urgent=True)  # urgent keys keep their due order among themselves
+    time.sleep(0.1)
+    gate.set()
+    wait_for(lambda: len(order) == 6)
+    assert order == ["busy", "new-1", "status-2", "new-2", "status-1", "status-3"]
+
+
+def test_an_urgent_poke_during_a_pass_makes_the_next_pass_urgent(make_queue: Callable[..., WorkQueue]) -> None:
+    order: list[Hashable] = []
+    gate = threading.Event()
+
+    def work(key: Hashable) -> None:
+        if key == "a" and not order:
+            gate.wait(5)
+        order.append(key)
+
+    queue = make_queue(work, workers=1)
+    queue.poke("a")
+    wait_for(lambda: queue.running == 1)
+    queue.poke("b")
+    queue.poke("a", urgent=True)  # "a" is running: its next pass is remembered as urgent
+    gate.set()
+    wait_for(lambda: len(order) == 3)
+    assert order == ["a", "a", "b"]

@@ -116,7 +116,9 @@ class JobHandlers:
                 self._unapplied.add(key)  # first sight since start: re-assert every child once
             self._bodies[key] = _slim(body)
         version = str((body.get("metadata") or {}).get("resourceVersion", ""))
-        if first or not self.reconciler.is_own_write(str(kw["uid"]), version):
+        if first:
+            self.queue.poke(key, urgent=True)  # children to create: before passes that only update status
+        elif not self.reconciler.is_own_write(str(kw["uid"]), version):
             self.queue.poke(key)  # the echo of our own status write needs no pass
 
     async def on_child(self, kw: Mapping[str, Any]) -> None:

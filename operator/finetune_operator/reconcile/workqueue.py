@@ -6,6 +6,11 @@ being reconciled marks it dirty, so it runs once more right after. Each pass ret
 when it wants to run again (progress, deadlines, TTLs); a failed pass is retried with a
 per-key exponential backoff. A pool of worker threads runs the passes, and one
 scheduler thread hands out keys when they are due: no per-job timer task or thread.
+
+A poke can be *urgent* (a job seen for the first time: its children do not exist yet).
+Due urgent keys are handed out before any other due key, so a burst of new jobs is not
+queued behind the status passes their predecessors' pods cause. Each key is urgent at
+most once per poke, so the other keys wait only while new work keeps arriving.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ class _Entry:
     due: float | None = None  # when the next pass is wanted (while running: after this one)
     running: bool = False
     failures: int = 0
+    urgent: bool = False  # the next pass goes before every other due key
 
 
 class WorkQueue:
@@ -49,6 +55,7 @@ class WorkQueue:
         self._clock = clock
         self._entries: dict[Hashable, _Entry] = {}
         self._heap: list[tuple[float, int, Hashable]] = []
+        self._urgent: list[tuple[float, int, Hashable]] = []
         self._order = itertools.count()
         self._cond = threading.Condition()
         self._stopping = False
@@ -63,14 +70,18 @@ class WorkQueue:
         self._context = context
 
     # ---- producers (any thread, including the event loop: never blocks for long) ----------------
-    def poke(self, key: Hashable, delay: float = 0.0) -> None:
-        """Run `key` within `delay` seconds (sooner if already due sooner)."""
+    def poke(self, key: Hashable, delay: float = 0.0, urgent: bool = False) -> None:
+        """Run `key` within `delay` seconds (sooner if already due sooner); an `urgent` key
+        goes before every other due key."""
         with self._cond:
             entry = self._entries.setdefault(key, _Entry())
             due = self._clock() + delay
             if entry.running:  # remembered; scheduled when the pass in flight ends
                 entry.due = due if entry.due is None else min(entry.due, due)
+                entry.urgent = entry.urgent or urgent
                 return
+            if urgent and not entry.urgent:
+                entry.urgent, entry.due = True, None  # re-filed in the urgent lane
             self._schedule(entry, key, due)
 
     def forget(self, key: Hashable) -> None:
@@ -107,24 +118,35 @@ class WorkQueue:
         if entry.due is not None and entry.due <= due:
             return
         entry.due = due
-        heapq.heappush(self._heap, (due, next(self._order), key))
+        heapq.heappush(self._urgent if entry.urgent else self._heap, (due, next(self._order), key))
         self._cond.notify()
+
+    def _next_due(self, now: float) -> Hashable | None:
+        """The key to run now: the earliest due urgent one, else the earliest due one."""
+        for heap, urgent in ((self._urgent, True), (self._heap, False)):
+            while heap and heap[0][0] <= now:
+                due, _, key = heapq.heappop(heap)
+                entry = self._entries.get(key)
+                if entry is None or entry.running or entry.due != due or entry.urgent != urgent:
+                    continue  # forgotten, in flight, superseded by an earlier poke, or re-filed
+                entry.due, entry.running, entry.urgent = None, True, False
+                return key
+        return None
 
     def _schedule_loop(self) -> None:
         with self._cond:
             while not self._stopping:
                 now = self._clock()
-                while self._heap and self._heap[0][0] <= now and self.running < self._workers:
-                    due, _, key = heapq.heappop(self._heap)
-                    entry = self._entries.get(key)
-                    if entry is None or entry.running or entry.due != due:
-                        continue  # forgotten, in flight, or superseded by an earlier poke
-                    entry.due, entry.running = None, True
+                while self.running < self._workers:
+                    key = self._next_due(now)
+                    if key is None:
+                        break
                     self.running += 1
                     assert self._pool is not None
                     self._pool.submit(self._run, key)
-                if self._heap and self.running < self._workers:
-                    self._cond.wait(max(0.0, self._heap[0][0] - now))
+                tops = [heap[0][0] for heap in (self._urgent, self._heap) if heap]
+                if tops and self.running < self._workers:
+                    self._cond.wait(max(0.0, min(tops) - now))
                 else:
                     self._cond.wait()
 
