@@ -45,6 +45,15 @@ def test_rendering_is_deterministic() -> None:
     assert render_all(j, fixed_plan(j.spec), OPTIONS, 2) == render_all(j, fixed_plan(j.spec), OPTIONS, 2)
 
 
+def test_a_precomputed_gang_hash_renders_the_same_objects() -> None:
+    j = job()
+    plan = fixed_plan(j.spec)
+    gang = gang_hash(j, plan, OPTIONS)
+    assert render_all(j, plan, OPTIONS, 2, gang) == render_all(j, plan, OPTIONS, 2)
+    sts = by_kind(render_all(j, plan, OPTIONS, 2, gang))["StatefulSet"]
+    assert gang in json.dumps(sts["spec"]["template"]["metadata"])
+
+
 def test_hostfile_lists_every_pod_with_its_slots() -> None:
     assert cluster_hostfile(job()) == ("job-0.job-workers.ns.svc slots=8\njob-1.job-workers.ns.svc slots=8\n")
     cpu = job(resources={"numNodes": 3, "gpusPerNode": 0})

@@ -136,7 +136,8 @@ class Reconciler:
                 return self._write_invalid(fresh, namespace, name, decision)
         applied = False
         if decision.plan is not None and (apply_all or self._needs_apply(job, observed, decision)):
-            self.cluster.apply(render_all(job, decision.plan, self.options, decision.replicas))
+            gang = self._desired_hash(job, decision.plan)
+            self.cluster.apply(render_all(job, decision.plan, self.options, decision.replicas, gang))
             applied = True
         if decision.delete_pods:
             self.cluster.delete_pods(namespace, name)

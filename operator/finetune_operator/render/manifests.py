@@ -73,13 +73,19 @@ def pod_monitor(job: FineTuneJob, options: RenderOptions) -> dict[str, Any]:
     }
 
 
-def render_all(job: FineTuneJob, plan: PlanStatus, options: RenderOptions, replicas: int) -> list[dict[str, Any]]:
-    """ConfigMap, headless Service, StatefulSet (and PodMonitor when enabled)."""
+def render_all(
+    job: FineTuneJob, plan: PlanStatus, options: RenderOptions, replicas: int, gang: str | None = None
+) -> list[dict[str, Any]]:
+    """ConfigMap, headless Service, StatefulSet (and PodMonitor when enabled).
+
+    `gang` is `gang_hash(job, plan, options)` when the caller has it already (it renders
+    the config files and the pod template a second time).
+    """
     config = config_map(job, plan)
     objects = [
         config,
         headless_service(job, options),
-        statefulset(job, options, replicas, gang_hash(job, plan, options)),
+        statefulset(job, options, replicas, gang if gang is not None else gang_hash(job, plan, options)),
     ]
     if options.pod_monitor:
         objects.append(pod_monitor(job, options))
