@@ -80,8 +80,10 @@ def test_a_key_that_wants_nothing_more_keeps_no_entry(make_queue: Callable[..., 
         queue.poke(("ns", f"gone-{i}"))
     wait_for(lambda: len(work.calls) == 50)
     wait_for(lambda: len(queue) == 0)
+    assert len(queue) == 0 and all(n == 1 for n in work.calls.values())
     queue.poke(("ns", "gone-0"))  # and a later poke still runs it
     wait_for(lambda: work.calls[("ns", "gone-0")] == 2)
+    assert work.calls[("ns", "gone-0")] == 2
 
 
 def test_pokes_while_waiting_merge_into_one_pass(make_queue: Callable[..., WorkQueue]) -> None:
