@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from finetune_trainer.shm_segments import sweep
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -117,6 +119,7 @@ class Run:
     output: Path
     termination_log: Path
     log_file: Path
+    port: int
 
     def wait(self, timeout: float) -> int:
         try:
@@ -129,6 +132,7 @@ class Run:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+            sweep("127.0.0.1", self.port)  # the launcher died with its ranks: nothing else frees their shm
 
     def termination(self) -> str:
         return self.termination_log.read_text() if self.termination_log.exists() else ""
@@ -154,6 +158,7 @@ def start_train(
     """Start `ftjob train --config DIR` in its own process group."""
     termination = output.parent / f"{output.name}-{tag}-termination-log"
     log_file = output.parent / f"{output.name}-{tag}.log"
+    port = port or free_port()
     full_env = dict(os.environ)
     full_env.update(
         {
@@ -161,7 +166,7 @@ def start_train(
             "FTJOB_TERMINATION_LOG": str(termination),
             "FTJOB_METRICS_PORT": "off",
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port or free_port()),
+            "MASTER_PORT": str(port),
             "NODE_RANK": "0",
             "DS_ACCELERATOR": "cpu",
             "OMP_NUM_THREADS": "1",
@@ -181,7 +186,7 @@ def start_train(
             start_new_session=True,
             cwd=REPO,
         )
-    return Run(proc, output, termination, log_file)
+    return Run(proc, output, termination, log_file, port)
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from . import outcome
+from . import outcome, shm_segments
 from .paths import completion_marker
 from .settings import ConfigError, JobConfig, env_int, load_config
 
@@ -129,6 +129,7 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
+            shm_segments.sweep(master_addr, master_port)
         return _conclude(state_dir, returncode, node_rank, terminated["signal"])
 
 

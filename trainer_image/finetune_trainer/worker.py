@@ -22,6 +22,7 @@ from types import FrameType
 
 from .outcome import StoppedBySignal, failure_line, mark_rank, write_rank_failure
 from .paths import completion_marker
+from .shm_segments import release_own
 
 log = logging.getLogger("finetune_trainer")
 
@@ -66,6 +67,9 @@ def run_rank(config_dir: str) -> int:
             torch.cuda.set_device(local_rank)
         minutes = float(os.environ.get("FTJOB_DIST_TIMEOUT_MINUTES", "30"))
         deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(minutes=minutes))
+        if backend == "gloo":  # every rank has mapped its peers' shm segments once all are past init
+            torch.distributed.barrier()
+            release_own(rank)
         metrics = None
         if metrics_enabled():
             registry = new_registry()
