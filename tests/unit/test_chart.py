@@ -506,3 +506,29 @@ def test_chart_metadata() -> None:
     assert chart["apiVersion"] == "v2" and chart["kubeVersion"] == ">=1.29.0-0"
     assert (CHART / "crds" / "finetune.dev_finetunejobs.yaml").is_file()
     assert (CHART / "templates" / "NOTES.txt").is_file()
+
+
+def test_the_chart_readme_values_reference_is_generated_from_values_yaml() -> None:
+    from tools.chart_docs import stale, undocumented
+    from tools.chart_docs.__main__ import main
+
+    assert undocumented((CHART / "values.yaml").read_text()) == [], "document each value with `# key -- text`"
+    assert not stale(), "run `python -m tools.chart_docs` and commit the chart README"
+    assert main(["--check"]) == 0
+
+
+def test_the_values_reference_notices_an_undocumented_or_changed_value() -> None:
+    from tools.chart_docs import BEGIN, END, reference, rendered_readme, undocumented
+
+    text = (CHART / "values.yaml").read_text()
+    without = text.replace("  # operator.verbose -- debug logging.\n", "")
+    assert without != text
+    assert undocumented(without) == ["operator.verbose"]
+    readme = f"intro\n{BEGIN}\n{END}\n"
+    current = rendered_readme(readme, text)
+    assert "| `operator.reconcileWorkers` | `16` | jobs reconciled in parallel" in current
+    assert rendered_readme(current, text) == current  # regenerating is stable
+    changed = rendered_readme(current, text.replace("reconcileWorkers: 16", "reconcileWorkers: 4"))
+    assert changed != current and "| `operator.reconcileWorkers` | `4` |" in changed
+    with pytest.raises(KeyError):
+        reference(text + "# ghost.key -- documented but not a value\n")
