@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune_operator.api.spec import FineTuneJobSpec
+from finetune_operator.api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec
 from finetune_operator.api.status import PlanStatus
 
 from . import builtin
 from .paths import resolve_uri
+from .settings import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,39 @@ def load_tokenizer(path: str, spec: FineTuneJobSpec, cache_root: Path) -> Any:
     return tok
 
 
-def _lora_config(spec: FineTuneJobSpec, path: str) -> Any:
+class LoraSettingError(ConfigError):
+    """The LoRA settings cannot apply to this model; the message names the field and what is allowed."""
+
+
+def fused_expert_parameters(model: Any, targets: Any) -> list[str]:
+    """Parameters `all-linear` adapts through peft's ParamWrapper: a mixture of experts' fused 3-D weights.
+
+    Recent transformers store the experts of Mixtral-like models as one 3-D tensor per projection,
+    which peft adapts as a parameter, not as a Linear layer; dropout cannot be applied there.
+    """
+    if targets != "all-linear":
+        return []
+    return [name for name, param in model.named_parameters() if param.ndim >= 3]
+
+
+def lora_dropout(requested: float | None, fused_experts: list[str]) -> float:
+    """The dropout to use: the spec's, else the default, else 0 where the targets include fused experts."""
+    if not fused_experts:
+        return DEFAULT_LORA_DROPOUT if requested is None else requested
+    if requested:
+        raise LoraSettingError(
+            f"spec.method.lora.dropout: {requested} cannot apply to this model: targetModules all-linear adapts "
+            f"its fused expert weights ({fused_experts[0]}, {len(fused_experts)} in all), where peft has no "
+            "dropout; leave dropout unset or set it to 0, or list targetModules without the experts "
+            "(e.g. [q_proj, k_proj, v_proj, o_proj])"
+        )
+    if requested is None:
+        log.info("LoRA dropout 0: the targets include %d fused expert weights, where peft has no dropout",
+                 len(fused_experts))  # fmt: skip
+    return 0.0
+
+
+def _lora_config(spec: FineTuneJobSpec, model: Any) -> Any:
     from peft import LoraConfig
 
     lora = spec.method.lora_or_default
@@ -115,7 +148,7 @@ def _lora_config(spec: FineTuneJobSpec, path: str) -> Any:
     return LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
+        lora_dropout=lora_dropout(lora.dropout, fused_expert_parameters(model, targets)),
         target_modules=targets,
         task_type="CAUSAL_LM",
         **extra,
@@ -167,7 +200,7 @@ def load_model(spec: FineTuneJobSpec, plan: PlanStatus, path: str, compute: Comp
     if method in ("lora", "qlora"):
         from peft import get_peft_model
 
-        model = get_peft_model(model, _lora_config(spec, path))
+        model = get_peft_model(model, _lora_config(spec, model))
     else:
         for param in model.parameters():
             param.requires_grad_(True)

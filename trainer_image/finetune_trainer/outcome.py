@@ -58,6 +58,7 @@ def classify(exc: BaseException) -> str:
     """The Reason for an exception raised on a rank."""
     from .data.loading import DataError
     from .modeling import ModelNotFound
+    from .settings import ConfigError
 
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or is_oom_text(str(exc)):
         return OUT_OF_MEMORY
@@ -65,6 +66,8 @@ def classify(exc: BaseException) -> str:
         return DATA_ERROR
     if isinstance(exc, ModelNotFound):
         return MODEL_NOT_FOUND
+    if isinstance(exc, ConfigError):
+        return CONFIG_ERROR
     if isinstance(exc, StoppedBySignal):
         return TERMINATED
     return TRAINING_ERROR

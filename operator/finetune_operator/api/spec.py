@@ -147,12 +147,23 @@ class MethodType(StrEnum):
     FULL = "full"
 
 
+DEFAULT_LORA_DROPOUT = 0.05
+"""LoRA dropout when the spec leaves it unset and the model allows it."""
+
+
 class LoraSpec(ApiModel):
     """Low-rank adapter settings (LoRA and QLoRA)."""
 
     r: Annotated[int, Field(ge=1, le=1024)] = Field(default=16, description="Adapter rank.")
     alpha: Annotated[int, Field(ge=1, le=4096)] = Field(default=32, description="Scaling numerator (alpha / r).")
-    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(default=0.05, description="Dropout on adapter inputs.")
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] | None = Field(
+        default=None,
+        description=(
+            f"Dropout on adapter inputs. Unset: {DEFAULT_LORA_DROPOUT}, or 0 for a mixture-of-experts model whose "
+            "fused expert weights the targets adapt (peft cannot apply dropout to them, so a non-zero value is "
+            "refused there)."
+        ),
+    )
     target_modules: Annotated[
         list[Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.*-]+$")]],
         Field(min_length=1, max_length=64),

@@ -14,7 +14,7 @@ from functools import wraps
 from typing import TypeVar
 
 from ..api.base import quantity_bytes
-from ..api.spec import FineTuneJobSpec
+from ..api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec
 from .model_source import ModelSource, resolve_model
 from .param_count import ArchitectureShape, ParameterCounts, architecture_shape, count_parameters
 
@@ -105,7 +105,7 @@ class Workload:
         """The same job fine-tuned another way (lora, qlora or full)."""
         lora_r = None if method == "full" else self.lora_r
         counts = count_parameters(self.shape, lora_r, self.target_modules)
-        dropout = 0.0 if method == "full" else (self.lora_dropout or 0.05)
+        dropout = 0.0 if method == "full" else (self.lora_dropout or DEFAULT_LORA_DROPOUT)
         return replace(self, method=method, counts=counts, lora_dropout=dropout)
 
 
@@ -153,7 +153,7 @@ def workload_from_spec(spec: FineTuneJobSpec) -> Workload:
         method=method,
         lora_r=lora.r,
         target_modules=tuple(lora.target_modules),
-        lora_dropout=lora.dropout if method != "full" else 0.0,
+        lora_dropout=(DEFAULT_LORA_DROPOUT if lora.dropout is None else lora.dropout) if method != "full" else 0.0,
         param_bytes=4 if precision == "fp32" else 2,
         mixed_precision=precision != "fp32",
         seq_len=spec.dataset.max_seq_length,
