@@ -92,6 +92,21 @@ def test_rank_failure_restarts_the_whole_gang_then_fails_past_the_budget(jobs: J
     jobs.wait_events({"RankFailed", "BackoffLimitExceeded"})
 
 
+def test_a_malformed_dataset_fails_at_once_without_a_gang_restart(jobs: Jobs) -> None:
+    jobs.create(**small(failurePolicy={"backoffLimit": 3}))
+    running(jobs)
+    first = uids(jobs)
+    line = "DataError: /data/train.jsonl:7: malformed alpaca record: missing field 'output' (rank 8)"
+    jobs.report("job-1", {"exitCode": 1, "message": line})
+    status = jobs.wait_state("Failed")
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "DataError" and "train.jsonl:7" in failed["message"], failed
+    assert status["restarts"] == 0 and status["lastFailure"]["rank"] == 1
+    wait_for(lambda: (s := jobs.statefulset()) and s["spec"]["replicas"] == 0, 30, "scale to 0")
+    jobs.wait_events({"DataError"})
+    assert not (uids(jobs) - first), "no new gang was started"
+
+
 def test_out_of_memory_replans_and_restarts(jobs: Jobs) -> None:
     jobs.create(**small())
     before = running(jobs)["plan"]

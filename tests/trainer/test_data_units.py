@@ -11,10 +11,11 @@ import pytest
 from finetune_trainer import builtin, outcome
 from finetune_trainer.data.batching import EpochSampler, collate, pack, unpacked
 from finetune_trainer.data.formats import IGNORE_INDEX, Sample, tokenize_record
-from finetune_trainer.data.loading import DataError, load_samples
+from finetune_trainer.data.loading import DataError, DataUnavailable, load_samples, raw_records
 from finetune_trainer.loop import split_validation
 from finetune_trainer.paths import resolve_uri
 from finetune_trainer.schedule import lr_lambda
+from finetune_trainer.settings import ConfigError
 
 from .conftest import write_jsonl
 
@@ -218,12 +219,23 @@ def test_resolve_uri(monkeypatch: pytest.MonkeyPatch) -> None:
         (RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"), "OutOfMemory"),
         (MemoryError(), "OutOfMemory"),
         (DataError("/d.jsonl:3: malformed"), "DataError"),
+        (DataUnavailable("/d.jsonl: dataset not found"), "DataUnavailable"),
+        (ConfigError("/etc/ftjob: job.json missing"), "ConfigError"),
         (ValueError("boom"), "TrainingError"),
     ],
 )
 def test_failure_lines_name_the_reason(error: BaseException, reason: str) -> None:
     line = outcome.failure_line(error, rank=3)
     assert line.startswith(reason + ": ") and line.endswith("(rank 3)") and "\n" not in line
+
+
+def test_a_missing_dataset_is_unavailable_not_wrong(tmp_path: Path) -> None:
+    """Not found (retried by the operator) is told apart from malformed (not retried)."""
+    with pytest.raises(DataUnavailable, match="dataset not found"):
+        list(raw_records(str(tmp_path / "absent.jsonl")))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataUnavailable, match="folder holds no"):
+        list(raw_records(str(tmp_path / "empty")))
 
 
 def test_torch_oom_error_is_out_of_memory() -> None:

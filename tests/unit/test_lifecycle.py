@@ -306,3 +306,36 @@ def test_odd_pod_bodies_do_not_crash() -> None:
     weird: list[dict[str, Any]] = [{}, {"metadata": None}, {"status": {"containerStatuses": [None, 3]}}]
     decision = run(job, weird)
     assert decision.status.workers is not None and decision.status.workers.ready == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ("DataError: /data/d.jsonl:7: malformed alpaca record: missing field 'output' (rank 0)", "DataError"),
+        ("ConfigError: spec.method.lora.dropout: 0.05 cannot apply to this model (rank 1)", "ConfigError"),
+    ],
+)
+def test_a_failure_that_would_repeat_fails_at_once_without_spending_restarts(line: str, reason: str) -> None:
+    job, _ = step(job_with(failurePolicy={"backoffLimit": 3}), [])
+    decision = run(job, [pod(0, state={"terminated": exited(1, line)}), pod(1)])
+    status = decision.status
+    assert status.state == "Failed" and decision.replicas == 0 and not decision.delete_pods
+    assert status.restarts == 0
+    failed = next(c for c in status.conditions if c.type == "Failed")
+    assert failed.reason == reason and line.partition(" (rank")[0] in failed.message and "not retried" in failed.message
+    assert reason in reasons(decision)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "DataUnavailable: hf://org/set: cannot load dataset from the hub: ConnectionError (rank 0)",
+        "ModelNotFound: cannot load model from /models/m: no such file (rank 0)",
+        "TrainingError: RuntimeError: NCCL watchdog timeout (rank 0)",
+        "see DataError: in the middle of a line is not a root cause",
+    ],
+)
+def test_failures_a_restart_may_cure_are_retried(line: str) -> None:
+    job, _ = step(job_with(), [])
+    decision = run(job, [pod(0, state={"terminated": exited(1, line)}), pod(1)])
+    assert decision.delete_pods and decision.status.restarts == 1 and decision.status.state == "Restarting"

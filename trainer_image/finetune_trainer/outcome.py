@@ -7,7 +7,10 @@ recognised from CUDA and host allocator errors and MemoryError, so the operator 
 re-plan instead of retrying the same strategy. A rank that vanishes without a word
 (SIGKILL, exit 137) is `RankKilled`: the kernel's memory killer is one cause, but so are
 an eviction or a person; when it was the memory killer, the kubelet reports the
-container as OOMKilled, and that is what the operator re-plans on.
+container as OOMKilled, and that is what the operator re-plans on. `DataError` (the data is
+wrong) and `ConfigError` (a setting cannot work) fail the same way on every restart, so the
+operator does not retry them; `DataUnavailable` and `ModelNotFound` (not found or not fetched)
+may pass on a later try and are retried.
 """
 
 from __future__ import annotations
@@ -22,12 +25,22 @@ from typing import Any
 TERMINATION_LOG = "/dev/termination-log"
 OUT_OF_MEMORY = "OutOfMemory"
 DATA_ERROR = "DataError"
+DATA_UNAVAILABLE = "DataUnavailable"
 MODEL_NOT_FOUND = "ModelNotFound"
 CONFIG_ERROR = "ConfigError"
 TRAINING_ERROR = "TrainingError"
 TERMINATED = "Terminated"
 RANK_KILLED = "RankKilled"
-REASONS = (OUT_OF_MEMORY, DATA_ERROR, MODEL_NOT_FOUND, CONFIG_ERROR, TRAINING_ERROR, TERMINATED, RANK_KILLED)
+REASONS = (
+    OUT_OF_MEMORY,
+    DATA_ERROR,
+    DATA_UNAVAILABLE,
+    MODEL_NOT_FOUND,
+    CONFIG_ERROR,
+    TRAINING_ERROR,
+    TERMINATED,
+    RANK_KILLED,
+)
 MAX_LINE = 1000
 SIGKILL_EXIT_CODE = 137
 
@@ -56,12 +69,14 @@ def is_oom_text(text: str) -> bool:
 
 def classify(exc: BaseException) -> str:
     """The Reason for an exception raised on a rank."""
-    from .data.loading import DataError
+    from .data.loading import DataError, DataUnavailable
     from .modeling import ModelNotFound
     from .settings import ConfigError
 
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or is_oom_text(str(exc)):
         return OUT_OF_MEMORY
+    if isinstance(exc, DataUnavailable):
+        return DATA_UNAVAILABLE
     if isinstance(exc, DataError):
         return DATA_ERROR
     if isinstance(exc, ModelNotFound):

@@ -214,6 +214,10 @@ def _handle_failure(
         )
     )
     policy = job.spec.failure_policy
+    permanent = R.not_retried(term)
+    if permanent is not None:
+        _fail(b, permanent, f"{cause}; not retried: a restart would fail the same way (fix it in a new job)")
+        return plan, False
     if b.status.restarts >= policy.backoff_limit:
         _fail(b, R.BACKOFF_EXCEEDED, f"{b.status.restarts} restarts used of {policy.backoff_limit}; last: {cause}")
         return plan, False

@@ -43,6 +43,17 @@ def is_out_of_memory(term: Termination) -> bool:
     return term.reason == "OOMKilled" or bool(_OOM.search(term.message))
 
 
+NOT_RETRIED = ("ConfigError", "DataError")
+"""The trainer's root causes that a restart cannot change: the job's own input is wrong
+(an unreadable or impossible setting, a malformed dataset record under `onError: Fail`)."""
+
+
+def not_retried(term: Termination) -> str | None:
+    """The trainer's reason when the failure would repeat on every gang restart, else None."""
+    first = next((line.strip() for line in term.message.splitlines() if line.strip()), "")
+    return next((reason for reason in NOT_RETRIED if first.startswith(reason + ":")), None)
+
+
 def root_cause(term: Termination, pod: str) -> str:
     """One line: the trainer's own root cause, or what the kubelet saw."""
     first = next((line.strip() for line in term.message.splitlines() if line.strip()), "")

@@ -24,6 +24,10 @@ class DataError(RuntimeError):
     """The dataset cannot be used; the message names the file and line."""
 
 
+class DataUnavailable(DataError):
+    """The dataset could not be found or fetched (yet): a restart may find it."""
+
+
 @dataclass(frozen=True)
 class RawRecord:
     where: str
@@ -45,10 +49,10 @@ def _files(path: Path) -> list[Path]:
     if path.is_dir():
         found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
         if not found:
-            raise DataError(f"{path}: folder holds no .jsonl, .json or .parquet files")
+            raise DataUnavailable(f"{path}: folder holds no .jsonl, .json or .parquet files")
         return found
     if not path.exists():
-        raise DataError(f"{path}: dataset not found")
+        raise DataUnavailable(f"{path}: dataset not found")
     return [path]
 
 
@@ -99,7 +103,7 @@ def _hub_records(uri: str) -> Iterator[RawRecord]:
     try:
         table = datasets.load_dataset(name, split="train")
     except Exception as exc:  # the library raises many kinds; the message is what matters
-        raise DataError(f"{uri}: cannot load dataset from the hub: {type(exc).__name__}: {exc}") from None
+        raise DataUnavailable(f"{uri}: cannot load dataset from the hub: {type(exc).__name__}: {exc}") from None
     for index, row in enumerate(table):
         yield RawRecord(f"{uri}: row {index + 1}", row)
 
