@@ -227,3 +227,25 @@ def test_planning_a_70b_job_is_fast() -> None:
     elapsed = time.perf_counter() - started
     print(f"analytical planning of a 70B job: {elapsed * 1000:.1f} ms over {len(result.candidates)} candidates")
     assert result.chosen is not None
+
+
+def test_lora_dropout_on_fused_experts_is_zero_by_default_and_refused_when_set() -> None:
+    from finetune_operator.plan.errors import UnsupportedSettingError
+    from finetune_operator.plan.workload import workload_from_spec
+    from tests.factories import make_job
+
+    def mixtral(**lora: Any) -> Any:
+        return make_job(
+            model={"uri": "org/model", "architecture": "mixtral-8x7b"},
+            method={"type": "lora", "lora": lora},
+            resources={"numNodes": 1, "gpusPerNode": 8, "gpuMemory": "80Gi"},
+        ).spec
+
+    assert workload_from_spec(mixtral()).lora_dropout == 0.0
+    assert workload_from_spec(mixtral(dropout=0.0)).lora_dropout == 0.0
+    assert workload_from_spec(mixtral(dropout=0.1, targetModules=["q_proj", "v_proj"])).lora_dropout == 0.1
+    assert workload_from_spec(job_spec("llama-2-7b", "lora", nodes=1, gpus=1, memory="80Gi")).lora_dropout == 0.05
+    with pytest.raises(UnsupportedSettingError) as caught:
+        plan_job(mixtral(dropout=0.05))
+    assert caught.value.condition_reason == "InvalidSpec"
+    assert str(caught.value).startswith("spec.method.lora.dropout: 0.05 cannot apply to mixtral-8x7b")

@@ -31,6 +31,10 @@ class ModelConfigNotFoundError(InvalidModelError):
     """A local model directory (or file) without a readable config.json."""
 
 
+class UnsupportedSettingError(PlanningError):
+    """A setting the job's model cannot take; the message names the field and what is allowed."""
+
+
 class DoesNotFitError(PlanningError):
     """No candidate strategy fits in GPU (and host) memory; says what would."""
 

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from ..api.base import quantity_bytes
 from ..api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec
+from .errors import UnsupportedSettingError
 from .model_source import ModelSource, resolve_model
 from .param_count import ArchitectureShape, ParameterCounts, architecture_shape, count_parameters
 
@@ -136,6 +137,27 @@ def _buffers(spec: FineTuneJobSpec) -> DeepSpeedBuffers:
     )
 
 
+def lora_dropout(spec: FineTuneJobSpec, shape: ArchitectureShape, model: str) -> float:
+    """The dropout the trainer will use (its rule, in `finetune_trainer.modeling.lora_dropout`).
+
+    `all-linear` on a mixture of experts adapts the experts' fused 3-D weights, where peft has no
+    dropout: unset means 0 there, and a non-zero value is refused before any GPU is taken.
+    """
+    if str(spec.method.type) == "full":
+        return 0.0
+    lora = spec.method.lora_or_default
+    fused_experts = shape.num_experts > 1 and list(lora.target_modules) == ["all-linear"]
+    if not fused_experts:
+        return DEFAULT_LORA_DROPOUT if lora.dropout is None else lora.dropout
+    if lora.dropout:
+        raise UnsupportedSettingError(
+            f"spec.method.lora.dropout: {lora.dropout} cannot apply to {model}: targetModules all-linear adapts its "
+            f"{shape.num_experts} experts' fused weights, where peft has no dropout; leave dropout unset or set it "
+            "to 0, or list targetModules without the experts (e.g. [q_proj, k_proj, v_proj, o_proj])"
+        )
+    return 0.0
+
+
 def workload_from_spec(spec: FineTuneJobSpec) -> Workload:
     """Resolve the model, count its parameters under the job's method and collect the rest."""
     source = resolve_model(spec.model)
@@ -153,7 +175,7 @@ def workload_from_spec(spec: FineTuneJobSpec) -> Workload:
         method=method,
         lora_r=lora.r,
         target_modules=tuple(lora.target_modules),
-        lora_dropout=(DEFAULT_LORA_DROPOUT if lora.dropout is None else lora.dropout) if method != "full" else 0.0,
+        lora_dropout=lora_dropout(spec, shape, source.name),
         param_bytes=4 if precision == "fp32" else 2,
         mixed_precision=precision != "fp32",
         seq_len=spec.dataset.max_seq_length,
