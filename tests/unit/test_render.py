@@ -215,3 +215,18 @@ def test_deepspeed_config_follows_the_plan(stage: int, opt: str, par: str, expec
     assert config["zero_optimization"]["overlap_comm"] is False
     assert config["communication_data_type"] == "fp32"
     assert config["bf16"]["enabled"] is True and config["gradient_clipping"] == 1.0
+
+
+def test_without_a_memory_setting_the_pod_requests_the_planned_host_memory() -> None:
+    j = job()
+    plan = fixed_plan(j.spec).model_copy(update={"host_bytes_per_node": 100 * 2**30 + 1})
+    resources = container(by_kind(render_all(j, plan, OPTIONS, 2)))["resources"]
+    assert resources["requests"] == {"memory": "102401Mi"}  # rounded up, never under the plan
+    assert "memory" not in resources["limits"] and resources["limits"]["nvidia.com/gpu"] == 8
+    more = plan.model_copy(update={"host_bytes_per_node": 200 * 2**30})
+    assert gang_hash(j, plan, OPTIONS) != gang_hash(j, more, OPTIONS), "a new host need rolls the gang"
+    pinned = job(resources={"memory": "64Gi"})
+    pinned_resources = container(by_kind(render_all(pinned, plan, OPTIONS, 2)))["resources"]
+    assert pinned_resources["requests"] == {"memory": "64Gi"} == {"memory": pinned_resources["limits"]["memory"]}
+    none = container(by_kind(render_all(j, plan.model_copy(update={"host_bytes_per_node": 0}), OPTIONS, 2)))
+    assert "requests" not in none["resources"]

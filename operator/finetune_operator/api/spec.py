@@ -327,7 +327,11 @@ class ResourcesSpec(RuledModel):
     )
     gpu_memory: Quantity = Field(default="80Gi", description="Memory of each GPU, e.g. 24Gi, 80Gi, 141Gi.")
     cpu: Quantity | None = Field(default=None, description="CPU request and limit of each pod.")
-    memory: Quantity | None = Field(default=None, description="Host memory request and limit of each pod.")
+    memory: Quantity | None = Field(
+        default=None,
+        description="Host memory request and limit of each pod. Unset: the pod requests the plan's host memory "
+        "(status.plan.hostBytesPerNode) and has no limit.",
+    )
     node_selector: dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]] | None = Field(
         default=None, description="Node labels the pods must match."
     )

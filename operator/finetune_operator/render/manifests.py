@@ -42,7 +42,7 @@ def gang_hash(job: FineTuneJob, plan: PlanStatus, options: RenderOptions) -> str
     Pods carry it as an annotation; when it differs from the desired one, the running
     gang is stale (new plan, image, env, resources) and is restarted as a whole.
     """
-    template = statefulset(job, options, replicas=0, config_hash="")["spec"]["template"]
+    template = statefulset(job, options, 0, "", plan.host_bytes_per_node)["spec"]["template"]
     digest = hashlib.sha256(config_hash(config_map(job, plan)).encode())
     digest.update(json.dumps(template, sort_keys=True).encode())
     return digest.hexdigest()[:16]
@@ -85,7 +85,13 @@ def render_all(
     objects = [
         config,
         headless_service(job, options),
-        statefulset(job, options, replicas, gang if gang is not None else gang_hash(job, plan, options)),
+        statefulset(
+            job,
+            options,
+            replicas,
+            gang if gang is not None else gang_hash(job, plan, options),
+            plan.host_bytes_per_node,
+        ),
     ]
     if options.pod_monitor:
         objects.append(pod_monitor(job, options))

@@ -83,7 +83,14 @@ def _env(job: FineTuneJob, options: RenderOptions) -> list[dict[str, Any]]:
     return env
 
 
-def _resources(job: FineTuneJob) -> dict[str, Any]:
+def _resources(job: FineTuneJob, host_bytes: int) -> dict[str, Any]:
+    """GPUs; cpu and memory as the spec sets them (request = limit).
+
+    Without `resources.memory`, the pod requests the host memory the plan needs (its ranks'
+    baseline plus what ZeRO offloads to the CPU), with no limit: the scheduler then puts it
+    only on a node that has that much free, instead of letting an offloading job start on a
+    full node and be killed there.
+    """
     res = job.spec.resources
     limits: dict[str, Any] = {}
     requests: dict[str, Any] = {}
@@ -92,6 +99,8 @@ def _resources(job: FineTuneJob) -> dict[str, Any]:
     for key, value in (("cpu", res.cpu), ("memory", res.memory)):
         if value is not None:
             limits[key] = requests[key] = str(value)
+    if res.memory is None and host_bytes > 0:
+        requests["memory"] = f"{-(-host_bytes // 2**20)}Mi"
     out: dict[str, Any] = {}
     if limits:
         out["limits"] = limits
@@ -107,8 +116,13 @@ def _ports(job: FineTuneJob, options: RenderOptions) -> list[dict[str, Any]]:
     return ports
 
 
-def statefulset(job: FineTuneJob, options: RenderOptions, replicas: int, config_hash: str) -> dict[str, Any]:
-    """The workers; `replicas` is numNodes while running, 0 when suspended or finished."""
+def statefulset(
+    job: FineTuneJob, options: RenderOptions, replicas: int, config_hash: str, host_bytes: int = 0
+) -> dict[str, Any]:
+    """The workers; `replicas` is numNodes while running, 0 when suspended or finished.
+
+    `host_bytes` is the plan's host memory per node (`status.plan.hostBytesPerNode`).
+    """
     spec = job.spec
     restricted = {
         "allowPrivilegeEscalation": False,
@@ -124,7 +138,7 @@ def statefulset(job: FineTuneJob, options: RenderOptions, replicas: int, config_
         "args": ["train", "--config", CONFIG_DIR],
         "env": _env(job, options),
         "ports": _ports(job, options),
-        "resources": _resources(job),
+        "resources": _resources(job, host_bytes),
         "volumeMounts": volume_mounts(job, CONFIG_DIR),
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
