@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune_operator.api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec
+from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_operator.api.status import PlanStatus
+from finetune_operator.plan.errors import UnsupportedSettingError
+from finetune_operator.plan.workload import resolve_lora_dropout
 
 from . import builtin
 from .paths import resolve_uri
@@ -120,20 +122,18 @@ def fused_expert_parameters(model: Any, targets: Any) -> list[str]:
 
 
 def lora_dropout(requested: float | None, fused_experts: list[str]) -> float:
-    """The dropout to use: the spec's, else the default, else 0 where the targets include fused experts."""
-    if not fused_experts:
-        return DEFAULT_LORA_DROPOUT if requested is None else requested
-    if requested:
-        raise LoraSettingError(
-            f"spec.method.lora.dropout: {requested} cannot apply to this model: targetModules all-linear adapts "
-            f"its fused expert weights ({fused_experts[0]}, {len(fused_experts)} in all), where peft has no "
-            "dropout; leave dropout unset or set it to 0, or list targetModules without the experts "
-            "(e.g. [q_proj, k_proj, v_proj, o_proj])"
-        )
-    if requested is None:
+    """The planner's rule (`resolve_lora_dropout`) on the loaded model's own parameters."""
+    where = None
+    if fused_experts:
+        where = f"this model's fused expert weights ({fused_experts[0]}, {len(fused_experts)} in all)"
+    try:
+        dropout = resolve_lora_dropout(requested, where)
+    except UnsupportedSettingError as exc:
+        raise LoraSettingError(str(exc)) from None
+    if fused_experts and requested is None:
         log.info("LoRA dropout 0: the targets include %d fused expert weights, where peft has no dropout",
                  len(fused_experts))  # fmt: skip
-    return 0.0
+    return dropout
 
 
 def _lora_config(spec: FineTuneJobSpec, model: Any) -> Any:

@@ -137,25 +137,33 @@ def _buffers(spec: FineTuneJobSpec) -> DeepSpeedBuffers:
     )
 
 
-def lora_dropout(spec: FineTuneJobSpec, shape: ArchitectureShape, model: str) -> float:
-    """The dropout the trainer will use (its rule, in `finetune_trainer.modeling.lora_dropout`).
+def resolve_lora_dropout(requested: float | None, fused_experts: str | None) -> float:
+    """The LoRA dropout a run uses: the spec's, else the default; 0 where `all-linear` adapts fused experts.
 
-    `all-linear` on a mixture of experts adapts the experts' fused 3-D weights, where peft has no
-    dropout: unset means 0 there, and a non-zero value is refused before any GPU is taken.
+    A mixture of experts in recent transformers stores each projection of its experts as one 3-D
+    tensor, which peft adapts as a parameter (its ParamWrapper), where it has no dropout. So on
+    those models an unset dropout means 0 and a non-zero one is refused. `fused_experts`
+    describes those weights for the message, or is None when the targets include none. The
+    planner calls this from the model's config, the trainer from the loaded model's parameters.
     """
+    if fused_experts is None:
+        return DEFAULT_LORA_DROPOUT if requested is None else requested
+    if requested:
+        raise UnsupportedSettingError(
+            f"spec.method.lora.dropout: {requested} cannot apply to {fused_experts}: targetModules all-linear "
+            "adapts them, and peft has no dropout there; leave dropout unset or set it to 0, or list "
+            "targetModules without the experts (e.g. [q_proj, k_proj, v_proj, o_proj])"
+        )
+    return 0.0
+
+
+def _lora_dropout(spec: FineTuneJobSpec, shape: ArchitectureShape, model: str) -> float:
     if str(spec.method.type) == "full":
         return 0.0
     lora = spec.method.lora_or_default
-    fused_experts = shape.num_experts > 1 and list(lora.target_modules) == ["all-linear"]
-    if not fused_experts:
-        return DEFAULT_LORA_DROPOUT if lora.dropout is None else lora.dropout
-    if lora.dropout:
-        raise UnsupportedSettingError(
-            f"spec.method.lora.dropout: {lora.dropout} cannot apply to {model}: targetModules all-linear adapts its "
-            f"{shape.num_experts} experts' fused weights, where peft has no dropout; leave dropout unset or set it "
-            "to 0, or list targetModules without the experts (e.g. [q_proj, k_proj, v_proj, o_proj])"
-        )
-    return 0.0
+    fused = shape.num_experts > 1 and list(lora.target_modules) == ["all-linear"]
+    where = f"{model}'s {shape.num_experts} experts' fused weights"
+    return resolve_lora_dropout(lora.dropout, where if fused else None)
 
 
 def workload_from_spec(spec: FineTuneJobSpec) -> Workload:
@@ -175,7 +183,7 @@ def workload_from_spec(spec: FineTuneJobSpec) -> Workload:
         method=method,
         lora_r=lora.r,
         target_modules=tuple(lora.target_modules),
-        lora_dropout=lora_dropout(spec, shape, source.name),
+        lora_dropout=_lora_dropout(spec, shape, source.name),
         param_bytes=4 if precision == "fp32" else 2,
         mixed_precision=precision != "fp32",
         seq_len=spec.dataset.max_seq_length,
