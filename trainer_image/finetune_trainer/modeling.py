@@ -118,7 +118,8 @@ def fused_expert_parameters(model: Any, targets: Any) -> list[str]:
     """
     if targets != "all-linear":
         return []
-    return [name for name, param in model.named_parameters() if param.ndim >= 3]
+    # ds_shape: the full shape of a parameter ZeRO-3 has already partitioned
+    return [n for n, param in model.named_parameters() if len(getattr(param, "ds_shape", None) or param.shape) >= 3]
 
 
 def lora_dropout(requested: float | None, fused_experts: list[str]) -> float:

@@ -45,7 +45,7 @@ def is_out_of_memory(term: Termination) -> bool:
 
 NOT_RETRIED = ("ConfigError", "DataError")
 """The trainer's root causes that a restart cannot change: the job's own input is wrong
-(an unreadable or impossible setting, a malformed dataset record under `onError: Fail`)."""
+(an unreadable or impossible setting, a malformed record under `dataset.onMalformedLine: Fail`)."""
 
 
 def not_retried(term: Termination) -> str | None:
