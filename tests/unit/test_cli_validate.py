@@ -74,6 +74,44 @@ def test_bad_files_get_a_message_not_a_traceback(
     assert expected in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (  # passes the schema, but the operator would fail it: fused experts take no LoRA dropout
+            {"model": "{uri: mistralai/Mixtral-8x7B-v0.1, architecture: mixtral-8x7b}", "lora": "{dropout: 0.05}"},
+            "mx: InvalidSpec: spec.method.lora.dropout: 0.05 cannot apply to mixtral-8x7b",
+        ),
+        ({"model": "{uri: org/unknown-model}", "lora": "{}"}, "mx: InvalidSpec: "),
+        (  # offload would need more host memory than the pod may have
+            {
+                "model": "{uri: meta-llama/Llama-3.1-70B, architecture: llama-3.1-70b}",
+                "lora": "{}",
+                "gpus": "1, memory: 16Gi",
+            },
+            "mx: DoesNotFit: ",
+        ),
+    ],
+)
+def test_what_the_operator_would_fail_fails_validate_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: dict[str, str], expected: str
+) -> None:
+    path = tmp_path / "mx.yaml"
+    path.write_text(
+        "apiVersion: finetune.dev/v1alpha1\nkind: FineTuneJob\nmetadata: {name: mx, namespace: ml}\nspec:\n"
+        f"  model: {edit['model']}\n  dataset: {{uri: /data/d.jsonl}}\n"
+        f"  method: {{type: lora, lora: {edit['lora']}}}\n"
+        f"  resources: {{numNodes: 1, gpusPerNode: {edit.get('gpus', '8')}, gpuMemory: 24Gi}}\n"
+        "  output: {uri: /out/mx}\n"
+    )
+    assert main(["validate", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert expected in captured.err and "Traceback" not in captured.err, captured.err
+    assert ": valid (" not in captured.out
+    path.write_text(path.read_text().replace("dropout: 0.05", "dropout: 0"))
+    if "dropout" in edit["lora"]:
+        assert main(["validate", str(path)]) == 0  # the same job with what the message asks for
+
+
 def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "/nonexistent/job.yaml"]) == 1
     assert "cannot read" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..plan import PlanningError, choose_plan
 from .manifests import load_jobs
 
 
@@ -20,14 +21,22 @@ def run(args: argparse.Namespace) -> int:
         for line in loaded.problems:
             print(line, file=sys.stderr)
         failed = failed or bool(loaded.problems)
-        if args.quiet:
-            continue
         for job in loaded.jobs:
+            try:  # the operator's deeper validation: the model is known, the settings suit it, it fits
+                choose_plan(job.spec)
+            except PlanningError as exc:
+                print(f"{path}: {job.name}: {exc.condition_reason}: {exc}", file=sys.stderr)
+                failed = True
+                continue
+            if args.quiet:
+                continue
             spec = job.spec
             print(
                 f"{path}: {job.name}: valid ({spec.method.type}, {spec.model.uri}, "
                 f"{spec.resources.num_nodes}×{spec.resources.gpus_per_node} GPUs of {spec.resources.gpu_memory})"
             )
+        if args.quiet:
+            continue
         for line in loaded.skipped:
             print(f"{line}: skipped")
         if not loaded.jobs and not loaded.problems:
