@@ -532,3 +532,5 @@ def test_the_values_reference_notices_an_undocumented_or_changed_value() -> None
     assert changed != current and "| `operator.reconcileWorkers` | `4` |" in changed
     with pytest.raises(KeyError):
         reference(text + "# ghost.key -- documented but not a value\n")
+    with pytest.raises(ValueError, match="marker lines"):
+        rendered_readme("a README without the markers\n", text)

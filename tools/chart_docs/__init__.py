@@ -65,16 +65,15 @@ def leaf_keys(tree: Any, prefix: str = "") -> list[str]:
     return [k for name, sub in tree.items() for k in leaf_keys(sub, f"{prefix}.{name}" if prefix else name)]
 
 
+def _has_documented_children(key: str, docs: dict[str, str]) -> bool:
+    return any(other.startswith(key + ".") for other in docs)
+
+
 def values(values_yaml: str) -> list[Value]:
     """The documented values in file order; a key documented but absent from the YAML is an error."""
     tree = yaml.safe_load(values_yaml)
     docs = documented(values_yaml)
-    out = []
-    for key, text in docs.items():
-        default = _lookup(tree, key)
-        children = any(other.startswith(key + ".") for other in docs)
-        out.append(Value(key, text, default, children))
-    return out
+    return [Value(key, text, _lookup(tree, key), _has_documented_children(key, docs)) for key, text in docs.items()]
 
 
 def undocumented(values_yaml: str) -> list[str]:
@@ -86,7 +85,7 @@ def undocumented(values_yaml: str) -> list[str]:
         parts = leaf.split(".")
         owners = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
         # a map documented as a whole (operator.resources) covers its keys; a section heading does not
-        if not any(o in docs and not any(d.startswith(o + ".") for d in docs) for o in owners):
+        if not any(o in docs and not _has_documented_children(o, docs) for o in owners):
             missing.append(leaf)
     return missing
 
@@ -96,8 +95,6 @@ def _cell(text: str) -> str:
 
 
 def _default(value: Any) -> str:
-    if value == "" or value is None:
-        return '`""`' if value == "" else "`null`"
     return "`" + _cell(json.dumps(value, separators=(", ", ": "))) + "`"
 
 
@@ -123,6 +120,8 @@ def reference(values_yaml: str) -> str:
 
 def rendered_readme(readme: str, values_yaml: str) -> str:
     """The README with the text between the markers replaced by the current reference."""
+    if BEGIN not in readme or END not in readme:
+        raise ValueError(f"the chart README must hold the two marker lines {BEGIN!r} and {END!r}")
     start, end = readme.index(BEGIN) + len(BEGIN), readme.index(END)
     return readme[:start] + "\n\n" + reference(values_yaml) + "\n" + readme[end:]
 

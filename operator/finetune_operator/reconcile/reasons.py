@@ -48,15 +48,19 @@ NOT_RETRIED = ("ConfigError", "DataError")
 (an unreadable or impossible setting, a malformed record under `dataset.onMalformedLine: Fail`)."""
 
 
+def _first_line(term: Termination) -> str:
+    return next((line.strip() for line in term.message.splitlines() if line.strip()), "")
+
+
 def not_retried(term: Termination) -> str | None:
     """The trainer's reason when the failure would repeat on every gang restart, else None."""
-    first = next((line.strip() for line in term.message.splitlines() if line.strip()), "")
+    first = _first_line(term)
     return next((reason for reason in NOT_RETRIED if first.startswith(reason + ":")), None)
 
 
 def root_cause(term: Termination, pod: str) -> str:
     """One line: the trainer's own root cause, or what the kubelet saw."""
-    first = next((line.strip() for line in term.message.splitlines() if line.strip()), "")
+    first = _first_line(term)
     if first.startswith("{"):
         try:
             parsed = json.loads(term.message)
