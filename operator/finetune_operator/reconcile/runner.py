@@ -124,9 +124,11 @@ class Reconciler:
             self.census.record(job.metadata.uid or "", namespace, decision.status.state)
             return Outcome(decision, False, False, decision.requeue_after)
         fresh: Mapping[str, Any] = body
-        if decision.delete_pods or decision.delete_job:
-            # destructive: decide again on the newest object, never on a cache that may lag
-            # our own last status write (that would restart a gang twice for one failure)
+        changes_gang = observed.workers is not None and self._needs_apply(job, observed, decision)
+        if decision.delete_pods or decision.delete_job or changes_gang:
+            # destructive, or re-rendering running workers: decide again on the newest object,
+            # never on a cache that may lag our own last status write (that would restart a gang
+            # twice for one failure, or put back the plan a re-plan after an OOM replaced)
             newest = self.cluster.read_job(namespace, name)
             if newest is None:
                 return Outcome(None, False, False, None)
