@@ -343,7 +343,7 @@ def decide(
         if is_true(b.status.conditions, ConditionType.RESTARTING):
             b.cond(ConditionType.RESTARTING, False, R.RECOVERED, "all ranks are back", announce=True)
     else:
-        stuck = next((f"; {p.name}: {p.unschedulable}" for p in pods if p.unschedulable), "")
+        stuck = next((f"; {p.name}: {p.unschedulable or p.waiting}" for p in pods if p.unschedulable or p.waiting), "")
         b.cond(ConditionType.RUNNING, False, R.WAITING, f"{ready} of {nodes} workers ready{stuck}")
     decision.status = b.finish()
     decision.events = b.events
