@@ -143,6 +143,15 @@ class Run:
     def log(self) -> str:
         return self.log_file.read_text() if self.log_file.exists() else ""
 
+    @property
+    def collective_dir(self) -> Path:
+        return self.output.parent / f"{self.termination_log.name}-collectives"
+
+    def collective_reports(self) -> dict[int, dict[str, Any]]:
+        """Each rank's collective-device report (finetune_trainer.collective_check), by rank."""
+        reports = [json.loads(p.read_text()) for p in sorted(self.collective_dir.glob("rank-*.json"))]
+        return {int(r["rank"]): r for r in reports}
+
     def train_log(self) -> list[dict[str, Any]]:
         path = self.output / "train_log.jsonl"
         return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
@@ -173,6 +182,8 @@ def start_train(
             "TOKENIZERS_PARALLELISM": "false",
             "PYTHONWARNINGS": "ignore",
             "FTJOB_DIST_TIMEOUT_MINUTES": "3",
+            # every tensor a rank hands to a collective must be on its device (NCCL has no host tensors)
+            "FTJOB_CHECK_COLLECTIVE_DEVICES": str(termination.parent / f"{termination.name}-collectives"),
         }
     )
     full_env.update(env or {})

@@ -25,6 +25,7 @@ from typing import Any
 
 from . import outcome, shm_segments
 from .paths import completion_marker
+from .prefetch import prefetch
 from .settings import ConfigError, JobConfig, env_int, load_config
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,19 @@ def _rank_env(state_dir: Path, progress: bool) -> dict[str, str]:
     return env
 
 
+def node_rank_from_env() -> int:
+    """NODE_RANK (the pod-index label, Kubernetes >= 1.28), else the ordinal ending the pod's name.
+
+    Before 1.28 the label is absent, the rendered env var is empty, and every pod would
+    otherwise be node 0 and hang at the rendezvous.
+    """
+    raw = os.environ.get("NODE_RANK", "")
+    if raw:
+        return int(raw)
+    tail = os.environ.get("FTJOB_POD_NAME", "").rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
 def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool = True) -> Result:
     """Run (or skip) this node's part of the job and write the termination message."""
     try:
@@ -106,11 +120,17 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
         outcome.write_termination(json.dumps(summary, sort_keys=True))
         code = idle_forever(marker) if idle_when_done else 0
         return Result(code, summary, "already completed")
-    node_rank = env_int("NODE_RANK", 0)
+    node_rank = node_rank_from_env()
     master_addr = os.environ.get("MASTER_ADDR") or cfg.hosts[0][0]
     master_port = env_int("MASTER_PORT", DEFAULT_MASTER_PORT)
     if not 0 <= node_rank < len(cfg.hosts):
         message = f"{outcome.CONFIG_ERROR}: NODE_RANK={node_rank} but the hostfile lists {len(cfg.hosts)} nodes"
+        outcome.write_termination(message)
+        return Result(1, None, message)
+    try:
+        prefetch(cfg)
+    except Exception as exc:  # a gated repo without HF_TOKEN, a wrong id, no network
+        message = outcome.one_line(f"{outcome.MODEL_NOT_FOUND}: downloading {cfg.job.spec.model.uri}: {exc}")
         outcome.write_termination(message)
         return Result(1, None, message)
     with tempfile.TemporaryDirectory(prefix="ftjob-run-") as tmp:

@@ -104,7 +104,7 @@ def _cmdline0(pid: int) -> str | None:
     return raw.split(b"\0", 1)[0].decode(errors="replace")
 
 
-def gpu_node_manifest(name: str, gpus: int, gpu_product: str) -> Obj:
+def gpu_node_manifest(name: str, gpus: int, gpu_product: str, gpu_memory_mib: int = 81920) -> Obj:
     """A Node object for kwok to manage: fake GPUs in capacity and allocatable."""
     resources = {
         "cpu": "96",
@@ -127,6 +127,8 @@ def gpu_node_manifest(name: str, gpus: int, gpu_product: str) -> Obj:
                 "nvidia.com/gpu.present": "true",
                 "nvidia.com/gpu.product": gpu_product,
                 "nvidia.com/gpu.count": str(gpus),
+                # GPU Feature Discovery's memory label (MiB), which GPU jobs' node affinity reads
+                "nvidia.com/gpu.memory": str(gpu_memory_mib),
             },
         },
         "status": {"capacity": resources, "allocatable": resources},
