@@ -94,10 +94,10 @@ class Trainer:
         self.tokenizer = modeling.load_tokenizer(self.model_path, spec, cache)
         self._load_data()
         torch.manual_seed(spec.training.seed)
-        model = modeling.load_model(spec, plan, self.model_path, self.compute)
+        ds_config = modeling.effective_deepspeed_config(self.cfg.deepspeed, self.compute)
+        model = modeling.load_model(spec, plan, self.model_path, self.compute, ds_config)
         self.trainable, self.total_params = modeling.trainable_parameters(model)
         params = [p for p in model.parameters() if p.requires_grad]
-        ds_config = modeling.effective_deepspeed_config(self.cfg.deepspeed, self.compute)
         if on_gpu and plan.offload_optimizer != "none":
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 

@@ -156,8 +156,49 @@ def _lora_config(spec: FineTuneJobSpec, model: Any) -> Any:
     )
 
 
-def load_model(spec: FineTuneJobSpec, plan: PlanStatus, path: str, compute: ComputeSettings) -> Any:
-    """The model ready for `deepspeed.initialize`: adapters attached, checkpointing set."""
+def zero3_loading(plan: PlanStatus, method: str, ds_config: dict[str, Any] | None) -> Any:
+    """transformers' DeepSpeed ZeRO-3 integration for `from_pretrained`, or None where it does not apply.
+
+    While the returned HfDeepSpeedConfig is alive (transformers keeps only a weak reference),
+    `from_pretrained` builds the model inside `deepspeed.zero.Init`: each parameter is
+    partitioned as it is created and the checkpoint is loaded shard by shard, so no rank ever
+    holds the whole model (8 ranks of a 70B pod would otherwise each hold 140 GB of host
+    memory while loading). Not for QLoRA: bitsandbytes quantises whole tensors on load.
+    """
+    if ds_config is None or plan.zero_stage != 3 or method == "qlora":
+        return None
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig
+
+    return HfDeepSpeedConfig(ds_config)  # type: ignore[no-untyped-call]
+
+
+def partition_report(model: Any) -> tuple[int, int, int, int]:
+    """(partitioned parameters, parameters, elements this rank holds, elements in full)."""
+    partitioned = count = local = full = 0
+    for param in model.parameters():
+        count += 1
+        numel = int(getattr(param, "ds_numel", param.numel()))
+        full += numel
+        shard = getattr(param, "ds_tensor", None)
+        if shard is not None:
+            partitioned += 1
+            local += int(shard.numel())
+        else:
+            local += int(param.numel())
+    return partitioned, count, local, full
+
+
+def load_model(
+    spec: FineTuneJobSpec,
+    plan: PlanStatus,
+    path: str,
+    compute: ComputeSettings,
+    ds_config: dict[str, Any] | None = None,
+) -> Any:
+    """The model ready for `deepspeed.initialize`: adapters attached, checkpointing set.
+
+    `ds_config` (the effective DeepSpeed config) lets ZeRO-3 build the model partitioned.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -183,10 +224,22 @@ def load_model(spec: FineTuneJobSpec, plan: PlanStatus, path: str, compute: Comp
             bnb_4bit_quant_storage=compute_dtype if plan.zero_stage == 3 else torch.uint8,
         )
         kwargs["device_map"] = {"": _local_device(compute)}
+    zero3 = zero3_loading(plan, method, ds_config)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as exc:
         raise ModelNotFound(f"cannot load model from {path}: {exc}") from None
+    finally:
+        del zero3  # only loading is partitioned this way; later from_pretrained calls (the merged export) are not
+    if plan.zero_stage == 3:
+        partitioned, count, local, full = partition_report(model)
+        log.info(
+            "ZeRO-3 load: %d of %d parameters partitioned at load; this rank holds %d of %d elements",
+            partitioned,
+            count,
+            local,
+            full,
+        )
     model.config.use_cache = False
     if method == "qlora":
         from peft import prepare_model_for_kbit_training
