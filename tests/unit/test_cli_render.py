@@ -28,3 +28,22 @@ def test_unknown_model_is_a_message_naming_the_fix(tmp_path: Path, capsys: pytes
     err = capsys.readouterr().err
     assert "InvalidSpec" in err and "NoSuchModel" in err and "model.architecture" in err
     assert "Traceback" not in err
+
+
+def test_the_8b_example_renders_placement_cache_overlay_and_token(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 13's "done when": what a real 2×8 GPU cluster needs is visible in `ftjob render`."""
+    assert main(["render", str(EXAMPLES / "lora-8b-2x8.yaml")]) == 0
+    sts = next(d for d in yaml.safe_load_all(capsys.readouterr().out) if d["kind"] == "StatefulSet")
+    pod = sts["spec"]["template"]
+    spec = pod["spec"]
+    required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.memory"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert {"name": "model-cache", "emptyDir": {"sizeLimit": "40Gi"}} in spec["volumes"]
+    container = spec["containers"][0]
+    assert container["resources"]["requests"]["ephemeral-storage"] == "40Gi"
+    assert container["resources"]["limits"]["rdma/ib"] == "1"
+    assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    assert pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "ib-sriov"
+    token = next(e for e in container["env"] if e["name"] == "HF_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
