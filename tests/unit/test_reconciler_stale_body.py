@@ -27,6 +27,9 @@ class JobStore:
     def apply(self, objects: Any) -> None:
         self.applied.append(list(objects))
 
+    def claim_access_modes(self, namespace: str, claim: str) -> tuple[str, ...] | None:
+        return ("ReadWriteMany",)
+
     def delete_pods(self, namespace: str, name: str) -> None:
         pass
 

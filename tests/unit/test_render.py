@@ -141,7 +141,12 @@ def test_scheduling_fields_pass_through() -> None:
     assert pod["nodeSelector"] == {"pool": "h100"}
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert pod["priorityClassName"] == "training"
-    assert pod["containers"][0]["resources"]["requests"] == {"cpu": "16", "memory": "128Gi"}
+    # plus the hub model's download cache (an emptyDir of the default size)
+    assert pod["containers"][0]["resources"]["requests"] == {
+        "cpu": "16",
+        "memory": "128Gi",
+        "ephemeral-storage": "100Gi",
+    }
 
 
 def test_claims_are_mounted_where_the_trainer_looks() -> None:
@@ -218,14 +223,14 @@ def test_deepspeed_config_follows_the_plan(stage: int, opt: str, par: str, expec
 
 
 def test_without_a_memory_setting_the_pod_requests_the_planned_host_memory() -> None:
-    j = job()
+    j = job(model={"uri": "pvc://models/llama"})  # no model cache: memory is the only request
     plan = fixed_plan(j.spec).model_copy(update={"host_bytes_per_node": 100 * 2**30 + 1})
     resources = container(by_kind(render_all(j, plan, OPTIONS, 2)))["resources"]
-    assert resources["requests"] == {"memory": "102401Mi"}  # rounded up, never under the plan
+    assert resources["requests"]["memory"] == "102401Mi"  # rounded up, never under the plan
     assert "memory" not in resources["limits"] and resources["limits"]["nvidia.com/gpu"] == 8
     more = plan.model_copy(update={"host_bytes_per_node": 200 * 2**30})
     assert gang_hash(j, plan, OPTIONS) != gang_hash(j, more, OPTIONS), "a new host need rolls the gang"
-    pinned = job(resources={"memory": "64Gi"})
+    pinned = job(resources={"memory": "64Gi"}, model={"uri": "pvc://models/llama"})
     pinned_resources = container(by_kind(render_all(pinned, plan, OPTIONS, 2)))["resources"]
     assert pinned_resources["requests"] == {"memory": "64Gi"} == {"memory": pinned_resources["limits"]["memory"]}
     none = container(by_kind(render_all(j, plan.model_copy(update={"host_bytes_per_node": 0}), OPTIONS, 2)))

@@ -23,6 +23,7 @@ from . import builtin, checkpoint, evaluation, export, modeling
 from .data.batching import EpochSampler, Row, collate, pack, unpacked
 from .data.formats import prompt_and_answer
 from .data.loading import DataError, load_samples
+from .devices import float64_on_rank
 from .metrics import RankMetrics
 from .schedule import lr_lambda
 from .settings import JobConfig
@@ -47,9 +48,8 @@ class Dist:
         self._dist.barrier()
 
     def sum(self, values: list[float]) -> list[float]:
-        import torch
-
-        tensor = torch.tensor(values, dtype=torch.float64)
+        """Element-wise sum over ranks; the tensor lives on the rank's device (NCCL has no host tensors)."""
+        tensor = float64_on_rank(values)
         if self.world > 1:
             self._dist.all_reduce(tensor)
         return [float(v) for v in tensor.tolist()]

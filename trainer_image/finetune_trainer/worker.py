@@ -60,9 +60,14 @@ def run_rank(config_dir: str) -> int:
         import deepspeed
         import torch
 
+        from .collective_check import install_from_env
+        from .devices import process_group_backend
+
+        install_from_env(rank)
+
         _cpu_threads(int(os.environ.get("LOCAL_SIZE", "1")))
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if torch.cuda.is_available():
+        backend = process_group_backend(cfg.job.spec.resources.gpus_per_node)
+        if backend == "nccl":
             torch.cuda.set_device(local_rank)
         minutes = float(os.environ.get("FTJOB_DIST_TIMEOUT_MINUTES", "30"))
         deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(minutes=minutes))

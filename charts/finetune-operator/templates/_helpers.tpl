@@ -118,6 +118,9 @@ Secrets are absent on purpose.
   resources: ["pods"]
   verbs: ["get", "list", "watch", "deletecollection"]
 - apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get"]
+- apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
 {{- if include "finetune-operator.perJobPodMonitor" . }}

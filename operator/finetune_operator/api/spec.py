@@ -21,7 +21,9 @@ from .base import (
     Quantity,
     quantity_bytes,
 )
+from .pod_template import PodTemplateOverlay
 from .rules import CrossFieldRule, rules_of
+from .toleration import Toleration
 
 RULE_MARK = "\x1frule:"
 
@@ -87,6 +89,24 @@ class RuledModel(ApiModel):
         return self
 
 
+DEFAULT_MODEL_CACHE_SIZE = "100Gi"
+
+
+class ModelCacheSpec(ApiModel):
+    """The download cache of a hub model: a claim shared across restarts, or a sized emptyDir."""
+
+    claim_name: Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] | None = Field(
+        default=None,
+        description="A PersistentVolumeClaim to download into (kept across gang restarts; ReadWriteMany when "
+        "numNodes > 1). Unset: an emptyDir of `size` per pod.",
+    )
+    size: Quantity | None = Field(
+        default=None,
+        description="emptyDir size limit and ephemeral-storage request (default 100Gi); at least the model's "
+        "weights (16 GB for 8B, 141 GB for 70B in bf16).",
+    )
+
+
 class ModelSpec(ApiModel):
     """The base model to fine-tune."""
 
@@ -105,6 +125,12 @@ class ModelSpec(ApiModel):
         default=None,
         description="Catalogue name used for planning when the operator cannot read the model's "
         "config.json (e.g. `meta-llama/Llama-3.1-8B`). Defaults to the model's hub id.",
+    )
+    cache: ModelCacheSpec | None = Field(
+        default=None,
+        description="Where a hub model is downloaded, once per pod before the ranks start (hub models only; "
+        "default: an emptyDir of 100Gi with a matching ephemeral-storage request). pvc:// models need no cache "
+        "and are the recommended path for large models.",
     )
 
 
@@ -308,16 +334,6 @@ class TrainingSpec(RuledModel):
         return value
 
 
-class Toleration(ApiModel):
-    """A pod toleration, as in the core API."""
-
-    key: Annotated[str, Field(max_length=253)] | None = None
-    operator: Literal["Exists", "Equal"] | None = None
-    value: Annotated[str, Field(max_length=63)] | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
-
-
 class ResourcesSpec(RuledModel):
     """Where the ranks run: nodes, GPUs per node and what each pod requests."""
 
@@ -517,6 +533,12 @@ class FineTuneJobSpec(RuledModel):
     hf_token_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret key holding a hub token, exposed to the trainer as HF_TOKEN."
     )
+    pod_template: PodTemplateOverlay | None = Field(
+        default=None,
+        description="Additions to the trainer pods (labels, annotations, tolerations, affinity, nodeSelector, "
+        "extra resources such as rdma/*, volumes and mounts, runtimeClassName, schedulerName, "
+        "priorityClassName, imagePullSecrets, capabilities). Fields the operator owns cannot be overridden.",
+    )
     suspend: bool = Field(default=False, description="Scale the workers to 0 while true; resume from checkpoint.")
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     active_deadline_seconds: Annotated[int, Field(ge=1, le=31_536_000)] | None = Field(
@@ -533,6 +555,17 @@ class FineTuneJobSpec(RuledModel):
             message="qlora needs a 16-bit compute dtype: set training.precision to bf16 or fp16",
             field_path=".training.precision",
             check=lambda s: s.method.type != MethodType.QLORA or s.training.precision != Precision.FP32,
+        ),
+        CrossFieldRule(
+            cel="!has(self.podTemplate) || !has(self.podTemplate.priorityClassName) || !has(self.resources) "
+            "|| !has(self.resources.priorityClassName)",
+            message="set priorityClassName in one place: resources.priorityClassName or podTemplate.priorityClassName",
+            field_path=".podTemplate.priorityClassName",
+            check=lambda s: (
+                s.pod_template is None
+                or s.pod_template.priority_class_name is None
+                or s.resources.priority_class_name is None
+            ),
         ),
         CrossFieldRule(
             cel="!has(self.env) || self.env.all(e, self.env.exists_one(f, f.name == e.name))",

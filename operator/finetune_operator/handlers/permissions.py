@@ -30,6 +30,7 @@ REQUIRED: tuple[Permission, ...] = (
     Permission("", "services", ("get", "create", "patch"), "server-side apply the headless Service"),
     Permission("", "configmaps", ("get", "create", "patch"), "server-side apply hostfile and DeepSpeed config"),
     Permission("", "pods", ("get", "list", "watch", "deletecollection"), "follow ranks; gang restart"),
+    Permission("", "persistentvolumeclaims", ("get",), "check a multi-node job's claims are ReadWriteMany"),
     Permission("", "events", ("create",), "report transitions as Events"),
 )
 

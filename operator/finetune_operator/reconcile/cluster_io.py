@@ -105,6 +105,17 @@ class ClusterIO:
         _release(response)
         return str((body.get("metadata") or {}).get("resourceVersion", ""))
 
+    def claim_access_modes(self, namespace: str, claim: str) -> tuple[str, ...] | None:
+        """A claim's access modes: its bound volume's (status), else the requested ones; None if absent."""
+        try:
+            pvc = self.core.read_namespaced_persistent_volume_claim(claim, namespace, _request_timeout=TIMEOUT)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        modes = (pvc.status.access_modes if pvc.status else None) or (pvc.spec.access_modes if pvc.spec else None)
+        return tuple(modes or ())
+
     def delete_job(self, namespace: str, name: str) -> None:
         try:
             self.custom.delete_namespaced_custom_object(

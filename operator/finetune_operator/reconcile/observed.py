@@ -38,6 +38,8 @@ class PodView:
     unschedulable: str | None
     terminated: Termination | None
     last_terminated: Termination | None
+    waiting: str | None = None
+    """Why a container of the pod is not running yet (ImagePullBackOff, CreateContainerConfigError, ...)."""
 
     @property
     def failure(self) -> Termination | None:
@@ -106,6 +108,28 @@ def _ordinal(body: Mapping[str, Any]) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
+BENIGN_WAITING = ("ContainerCreating", "PodInitializing")
+"""Waiting reasons every pod passes through: said only when they carry a message."""
+
+
+def _waiting(body: Mapping[str, Any]) -> str | None:
+    """The first container (init containers first) waiting for a reason worth telling the user."""
+    statuses = [
+        *(_get(body, "status", "initContainerStatuses") or []),
+        *(_get(body, "status", "containerStatuses") or []),
+    ]
+    for status in statuses:
+        waiting = _get(status, "state", "waiting")
+        if not isinstance(waiting, Mapping):
+            continue
+        reason, message = str(waiting.get("reason") or ""), str(waiting.get("message") or "")
+        if reason in BENIGN_WAITING and not message:
+            continue
+        name = str(status.get("name") or "container") if isinstance(status, Mapping) else "container"
+        return f"{name} {reason or 'Waiting'}" + (f": {message}" if message else "")
+    return None
+
+
 def pod_view(body: Mapping[str, Any]) -> PodView:
     statuses = _get(body, "status", "containerStatuses") or []
     trainer: Mapping[str, Any] = next(
@@ -136,6 +160,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         ),
         terminated=_termination(_get(trainer, "state", "terminated")),
         last_terminated=_termination(_get(trainer, "lastState", "terminated")),
+        waiting=_waiting(body),
     )
 
 

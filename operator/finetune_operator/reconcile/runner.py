@@ -23,6 +23,7 @@ from ..api.spec import FineTuneJobSpec
 from ..api.status import FineTuneJobStatus, PlanStatus
 from ..plan import choose_plan, next_frugal_plan
 from ..plan.errors import PlanningError
+from ..plan.storage import check_shared_storage, written_claims
 from ..render.manifests import gang_hash, render_all
 from ..render.options import RenderOptions
 from . import metrics
@@ -38,8 +39,13 @@ PROGRESS_EVERY_SECONDS = 3.0
 """How often rank 0's metrics are read (one small HTTP GET per running job)."""
 
 
-def plan_or_fail(spec: FineTuneJobSpec) -> PlanStatus:
+def plan_or_fail(
+    spec: FineTuneJobSpec, access_modes: Callable[[str], tuple[str, ...] | None] | None = None
+) -> PlanStatus:
+    """The plan, or PlanFailed; `access_modes` reads a claim's access modes (multi-node jobs)."""
     try:
+        if access_modes is not None and spec.resources.num_nodes > 1:
+            check_shared_storage(spec, {claim: access_modes(claim) for claim in written_claims(spec)})
         return choose_plan(spec)
     except PlanningError as exc:
         raise PlanFailed(exc.condition_reason, str(exc)) from exc
@@ -166,12 +172,13 @@ class Reconciler:
             lines = describe(exc, FineTuneJob)
             return Decision(invalid_spec_status(status, lines, body, now), replicas=0, plan=None), None
         job = job.model_copy(update={"status": status})
+        namespace = job.metadata.namespace or ""
         progress = self._progress(job, observed, now)
         decision = decide(
             job,
             observed,
             now,
-            planner=plan_or_fail,
+            planner=lambda spec: plan_or_fail(spec, lambda claim: self.cluster.claim_access_modes(namespace, claim)),
             replanner=next_frugal_plan,
             desired_config_hash=lambda plan: self._desired_hash(job, plan),
             progress=progress,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..api.base import parse_quantity
 from ..api.job import FineTuneJob
 from .config_files import CONFIG_DIR
 from .identity import (
@@ -25,7 +26,8 @@ from .identity import (
     workers_name,
 )
 from .options import RenderOptions
-from .volumes import local_path, volume_mounts, volumes
+from .placement import affinity, apply_overlay, node_selector, tolerations
+from .volumes import MODEL_CACHE_DIR, is_hub_model, local_path, model_cache_size, volume_mounts, volumes
 
 DEFAULT_ENV = {
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
@@ -70,7 +72,14 @@ def _env(job: FineTuneJob, options: RenderOptions) -> list[dict[str, Any]]:
         {"name": "FTJOB_METRICS_PORT", "value": str(options.metrics_port)},
         {"name": "DS_ACCELERATOR", "value": "cuda" if spec.resources.gpus_per_node else "cpu"},
     ]
-    env += [{"name": k, "value": v} for k, v in DEFAULT_ENV.items() if k not in user]
+    defaults = dict(DEFAULT_ENV)
+    if is_hub_model(spec.model.uri):  # downloaded once per pod into the cache, before the ranks start
+        defaults["HF_HOME"] = f"{MODEL_CACHE_DIR}/hf"
+        env.append({"name": "FTJOB_PREFETCH_MODEL", "value": "1"})
+    if spec.resources.cpu is not None:  # torch would start one thread per host core in every rank
+        threads = int(parse_quantity(spec.resources.cpu)) // spec.resources.ranks_per_node
+        defaults["OMP_NUM_THREADS"] = str(max(1, threads))
+    env += [{"name": k, "value": v} for k, v in defaults.items() if k not in user]
     if spec.hf_token_secret_ref and "HF_TOKEN" not in user:
         ref = spec.hf_token_secret_ref
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
@@ -101,6 +110,9 @@ def _resources(job: FineTuneJob, host_bytes: int) -> dict[str, Any]:
             limits[key] = requests[key] = str(value)
     if res.memory is None and host_bytes > 0:
         requests["memory"] = f"{-(-host_bytes // 2**20)}Mi"
+    cache = model_cache_size(job)
+    if cache is not None:  # the model cache's emptyDir: the kubelet evicts a pod that outgrows its request
+        limits["ephemeral-storage"] = requests["ephemeral-storage"] = cache
     out: dict[str, Any] = {}
     if limits:
         out["limits"] = limits
@@ -155,17 +167,25 @@ def statefulset(
             "runAsUser": options.run_as_user,
             "runAsGroup": options.run_as_user,
             "fsGroup": options.run_as_user,
+            "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
         "volumes": volumes(job, config_map_name(job)),
     }
-    if spec.resources.node_selector:
-        pod_spec["nodeSelector"] = dict(sorted(spec.resources.node_selector.items()))
-    if spec.resources.tolerations:
-        pod_spec["tolerations"] = [t.to_wire() for t in spec.resources.tolerations]
+    if selector := node_selector(job):
+        pod_spec["nodeSelector"] = selector
+    if placement := affinity(job):
+        pod_spec["affinity"] = placement
+    if tolerated := tolerations(job):
+        pod_spec["tolerations"] = tolerated
     if spec.resources.priority_class_name:
         pod_spec["priorityClassName"] = spec.resources.priority_class_name
+    pod_metadata: dict[str, Any] = {
+        "labels": labels(job, "trainer"),
+        "annotations": {CONFIG_HASH_ANNOTATION: config_hash},
+    }
+    apply_overlay(job, pod_metadata, pod_spec)
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -176,12 +196,6 @@ def statefulset(
             "podManagementPolicy": "Parallel",
             "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": selector_labels(job)},
-            "template": {
-                "metadata": {
-                    "labels": labels(job, "trainer"),
-                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash},
-                },
-                "spec": pod_spec,
-            },
+            "template": {"metadata": pod_metadata, "spec": pod_spec},
         },
     }

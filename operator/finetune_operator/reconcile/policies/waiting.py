@@ -1,5 +1,6 @@
 """Running, or waiting for workers: every rank of the gang ready is `Running` (and the end of a
-restart, announced); anything less says how many are ready and why the first stuck one waits."""
+restart, announced); anything less says how many are ready and why the first stuck one waits
+(unschedulable, or a container waiting: ImagePullBackOff, FailedAttachVolume, ...)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ def decide(ctx: Context) -> Decision | None:
         if is_true(b.status.conditions, ConditionType.RESTARTING):
             b.cond(ConditionType.RESTARTING, False, R.RECOVERED, "all ranks are back", announce=True)
     else:
-        stuck = next((f"; {p.name}: {p.unschedulable}" for p in ctx.pods if p.unschedulable), "")
+        why = ((p.name, p.unschedulable or p.waiting) for p in ctx.pods)
+        stuck = next((f"; {name}: {reason}" for name, reason in why if reason), "")
         b.cond(ConditionType.RUNNING, False, R.WAITING, f"{ready} of {nodes} workers ready{stuck}")
     return ctx.workers_decision

@@ -1,0 +1,193 @@
+"""GPU placement, the model cache, the podTemplate overlay and small pod fields (issue 13).
+
+Each test fails on the renderer before issue 13: no node affinity on GPU Feature Discovery's
+`nvidia.com/gpu.memory`, no default `nvidia.com/gpu` toleration, the model downloaded into the
+container layer, no `spec.podTemplate`, no OMP_NUM_THREADS, no fsGroupChangePolicy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from finetune_operator.api import FineTuneJob
+from finetune_operator.plan.fixed import fixed_plan
+from finetune_operator.render.manifests import render_all
+from finetune_operator.render.options import RenderOptions
+from tests.factories import job_document
+
+OPTIONS = RenderOptions(trainer_image="trainer:test")
+
+
+def job(**spec: Any) -> FineTuneJob:
+    resources = {"numNodes": 2, "gpusPerNode": 8, **spec.pop("resources", {})}
+    return FineTuneJob.from_manifest(job_document(resources=resources, **spec))
+
+
+def template(j: FineTuneJob) -> dict[str, Any]:
+    sts = next(o for o in render_all(j, fixed_plan(j.spec), OPTIONS, 2) if o["kind"] == "StatefulSet")
+    t: dict[str, Any] = sts["spec"]["template"]
+    return t
+
+
+def env_of(t: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in t["spec"]["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize(("memory", "floor"), [("80Gi", 76185), ("24Gi", 22855), ("141Gi", 134277)])
+def test_gpu_memory_becomes_a_node_requirement_on_the_gfd_label(memory: str, floor: int) -> None:
+    terms = template(job(resources={"gpuMemory": memory}))["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": [str(floor)]}]}]
+
+
+def test_h100_and_l4_labels_pass_their_nominal_size() -> None:
+    """GFD reports less than the nominal size: H100 80GB 81559 MiB, L4 23034 MiB for 24Gi."""
+    for memory, label in (("80Gi", 81559), ("24Gi", 23034)):
+        expression = template(job(resources={"gpuMemory": memory}))["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"][0]["matchExpressions"][0]
+        assert label > int(expression["values"][0])
+
+
+def test_user_affinity_terms_each_get_the_gpu_requirement() -> None:
+    user = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
+                ]
+            }
+        },
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
+    }
+    spec = template(job(podTemplate={"affinity": user}))["spec"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [[e["key"] for e in t["matchExpressions"]] for t in terms] == [["zone", "nvidia.com/gpu.memory"]] * 2
+    assert "podAntiAffinity" in spec["affinity"]
+
+
+def test_cpu_jobs_have_no_gpu_placement() -> None:
+    spec = template(job(resources={"gpusPerNode": 0}))["spec"]
+    assert "affinity" not in spec and "tolerations" not in spec
+
+
+def test_gpu_jobs_tolerate_the_nvidia_taint_once() -> None:
+    assert template(job())["spec"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    same = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert len(template(job(resources={"tolerations": [same]}))["spec"]["tolerations"]) == 1
+
+
+def test_hub_model_gets_a_sized_cache_and_prefetch() -> None:
+    t = template(job(model={"uri": "meta-llama/Llama-3.1-8B", "cache": {"size": "40Gi"}}))
+    volumes = {v["name"]: v for v in t["spec"]["volumes"]}
+    assert volumes["model-cache"] == {"name": "model-cache", "emptyDir": {"sizeLimit": "40Gi"}}
+    c = t["spec"]["containers"][0]
+    assert c["resources"]["requests"]["ephemeral-storage"] == "40Gi"
+    assert {"name": "model-cache", "mountPath": "/var/cache/ftjob"} in c["volumeMounts"]
+    env = env_of(t)
+    assert env["HF_HOME"] == "/var/cache/ftjob/hf" and env["FTJOB_PREFETCH_MODEL"] == "1"
+
+
+def test_cache_claim_replaces_the_emptydir() -> None:
+    t = template(job(model={"uri": "hf://meta-llama/Llama-3.1-8B", "cache": {"claimName": "hf-cache"}}))
+    volumes = {v["name"]: v for v in t["spec"]["volumes"]}
+    assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": "hf-cache"}
+    assert "ephemeral-storage" not in t["spec"]["containers"][0]["resources"].get("requests", {})
+
+
+def test_pvc_model_needs_no_cache() -> None:
+    t = template(job(model={"uri": "pvc://models/llama"}))
+    assert "model-cache" not in {v["name"] for v in t["spec"]["volumes"]}
+    assert "FTJOB_PREFETCH_MODEL" not in env_of(t)
+
+
+OVERLAY = {
+    "metadata": {
+        "labels": {"team": "ml"},
+        "annotations": {"k8s.v1.cni.cncf.io/networks": "ib-sriov"},
+    },
+    "tolerations": [{"key": "rdma", "operator": "Exists"}],
+    "nodeSelector": {"network": "ib"},
+    "resources": {"rdma/ib": 1, "nvidia.com/hostdev": "8"},
+    "volumes": [{"name": "scratch", "hostPath": {"path": "/scratch"}}],
+    "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+    "runtimeClassName": "nvidia",
+    "schedulerName": "volcano",
+    "priorityClassName": "training",
+    "imagePullSecrets": [{"name": "regcred"}],
+    "capabilities": {"add": ["IPC_LOCK"]},
+}
+
+
+def test_overlay_fields_reach_the_pod_under_the_operator_fields() -> None:
+    t = template(job(podTemplate=OVERLAY))
+    assert t["metadata"]["labels"]["team"] == "ml"
+    assert t["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+    assert t["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "ib-sriov"
+    assert "finetune.dev/config-hash" in t["metadata"]["annotations"]
+    spec = t["spec"]
+    assert {"key": "rdma", "operator": "Exists"} in spec["tolerations"]
+    assert spec["nodeSelector"] == {"network": "ib"}
+    c = spec["containers"][0]
+    assert c["resources"]["limits"]["rdma/ib"] == "1" and c["resources"]["requests"]["nvidia.com/hostdev"] == "8"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert {"name": "scratch", "hostPath": {"path": "/scratch"}} in spec["volumes"]
+    assert {"name": "scratch", "mountPath": "/scratch"} in c["volumeMounts"]
+    assert (spec["runtimeClassName"], spec["schedulerName"], spec["priorityClassName"]) == (
+        "nvidia",
+        "volcano",
+        "training",
+    )
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+@pytest.mark.parametrize(
+    ("overlay", "says"),
+    [
+        ({"metadata": {"labels": {"app.kubernetes.io/name": "x"}}}, "owned by the operator"),
+        ({"metadata": {"annotations": {"finetune.dev/config-hash": "x"}}}, "owned by the operator"),
+        ({"resources": {"nvidia.com/gpu": 4}}, "set it there"),
+        ({"resources": {"memory": "1Gi"}}, "set it there"),
+        ({"volumes": [{"name": "config", "emptyDir": {}}]}, "owned by the operator"),
+        ({"volumes": [{"name": "pvc-data", "emptyDir": {}}]}, "owned by the operator"),
+        ({"volumes": [{"emptyDir": {}}]}, "needs a name"),
+        (
+            {"volumes": [{"name": "x", "emptyDir": {}}], "volumeMounts": [{"name": "x", "mountPath": "/etc/ftjob"}]},
+            "overlaps a path the operator mounts",
+        ),
+        ({"volumeMounts": [{"name": "nope", "mountPath": "/data"}]}, "not one of podTemplate.volumes"),
+        ({"capabilities": {"add": ["SYS_ADMIN"]}}, "capabilities"),
+        ({"hostNetwork": True}, "hostNetwork"),
+    ],
+)
+def test_overlay_cannot_override_operator_fields(overlay: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        job(podTemplate=overlay)
+    assert says in str(err.value), str(err.value)
+    assert "podTemplate" in str(err.value) or "pod_template" in str(err.value)
+
+
+def test_priority_class_in_two_places_is_refused() -> None:
+    with pytest.raises(ValidationError, match="priorityClassName in one place"):
+        job(resources={"priorityClassName": "a"}, podTemplate={"priorityClassName": "b"})
+
+
+def test_omp_threads_follow_the_cpu_limit() -> None:
+    assert env_of(template(job(resources={"cpu": "64"})))["OMP_NUM_THREADS"] == "8"
+    assert env_of(template(job(resources={"cpu": "4", "gpusPerNode": 8})))["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in env_of(template(job()))
+    user = [{"name": "OMP_NUM_THREADS", "value": "3"}]
+    assert env_of(template(job(resources={"cpu": "64"}, env=user)))["OMP_NUM_THREADS"] == "3"
+
+
+def test_fs_group_is_applied_only_on_root_mismatch() -> None:
+    assert template(job())["spec"]["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
