@@ -20,6 +20,7 @@ from . import builtin, checkpoint, evaluation, export, modeling
 from .data.batching import EpochSampler, Row, collate, pack, unpacked
 from .data.formats import prompt_and_answer
 from .data.loading import DataError, load_samples
+from .loss import training_loss
 from .metrics import RankMetrics
 from .schedule import lr_lambda
 from .settings import JobConfig
@@ -96,6 +97,7 @@ class Trainer:
         torch.manual_seed(spec.training.seed)
         model = modeling.load_model(spec, plan, self.model_path, self.compute)
         self.trainable, self.total_params = modeling.trainable_parameters(model)
+        self.loss = training_loss(model, on_gpu)
         params = [p for p in model.parameters() if p.requires_grad]
         ds_config = modeling.effective_deepspeed_config(self.cfg.deepspeed, self.compute)
         if on_gpu and plan.offload_optimizer != "none":
@@ -120,7 +122,7 @@ class Trainer:
         if rank == 0:
             log.info(
                 "model %s: %s, %d/%d trainable parameters, ZeRO-%d, micro-batch %d x accumulation %d x world %d, "
-                "%d steps (%d per epoch)",
+                "%d steps (%d per epoch), loss: %s",
                 spec.model.uri,
                 spec.method.type,
                 self.trainable,
@@ -131,6 +133,7 @@ class Trainer:
                 self.dist.world,
                 self.total_steps,
                 self.sampler.steps_per_epoch,
+                self.loss.name,
             )
 
     def _load_data(self) -> None:
@@ -267,7 +270,7 @@ class Trainer:
                 batch = collate([self.rows[i] for i in indices], int(self.tokenizer.pad_token_id), self.explicit_mask)
                 inputs = {k: v.to(self.engine.device) for k, v in batch.items() if hasattr(v, "to")}
                 wait += time.perf_counter() - t0
-                loss = self.engine(**inputs).loss
+                loss = self.loss(self.engine, inputs)
                 self.engine.backward(loss)
                 self.engine.step()
                 loss_sum += float(loss.detach())
