@@ -43,8 +43,11 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk):
             part = slice(start, start + chunk)
             logits = torch.nn.functional.linear(hidden[part], weight).float()
-            lse[part] = torch.logsumexp(logits, dim=-1)
-            total += (lse[part] - logits.gather(1, targets[part, None]).squeeze(1)).sum()
+            target = logits.gather(1, targets[part, None]).squeeze(1)
+            top = logits.amax(dim=-1)
+            # log-sum-exp in place: torch.logsumexp would allocate two more chunk-sized temporaries
+            lse[part] = logits.sub_(top[:, None]).exp_().sum(dim=-1).log_().add_(top)
+            total += (lse[part] - target).sum()
             del logits
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.chunk = chunk

@@ -17,14 +17,17 @@ IGNORE_INDEX = -100
 """The label of a position that is not trained (prompt, padding, a packed sample's first token)."""
 LOSS_CHUNK_ELEMENTS = 2**24
 """Logit entries (tokens × vocabulary) one chunk holds: 130 tokens of a 128k vocabulary."""
-CHUNK_BYTES_PER_LOGIT = 8
-"""Per logit entry of the chunk at its peak, in the forward: the fp32 logits and log-sum-exp's
-fp32 temporary (the backward holds less: fp32 logits turned in place into the softmax gradient,
-and its 16-bit copy). Measured with `traced.py` under gradient checkpointing, where little else lives."""
 HIDDEN_COPIES = 3
 """Per trained token: the gathered hidden state, its gradient and the gradient scattered back."""
 HEAD_POSTPROCESSING_ATTRIBUTES = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 """Config attributes whose model transforms the head's output: the trainer keeps full logits there."""
+
+
+def chunk_bytes_per_logit(param_bytes: int) -> int:
+    """Per logit entry of the chunk at its peak: the 16-bit matmul output and its fp32 upcast,
+    alive together for a moment, in forward and again in backward (where the fp32 copy turns in
+    place into the softmax gradient, cast back to 16 bits). In fp32 training the casts are no-ops."""
+    return 4 + (param_bytes if param_bytes < 4 else 0)
 
 
 def loss_chunk_tokens(vocab_size: int) -> int:
@@ -35,4 +38,7 @@ def loss_chunk_tokens(vocab_size: int) -> int:
 def chunked_loss_bytes(vocab_size: int, hidden_size: int, trained_tokens: int, param_bytes: int) -> int:
     """Peak bytes of the chunked loss for `trained_tokens` positions (all tokens, when unknown)."""
     chunk = min(trained_tokens, loss_chunk_tokens(vocab_size))
-    return CHUNK_BYTES_PER_LOGIT * chunk * vocab_size + HIDDEN_COPIES * param_bytes * hidden_size * trained_tokens
+    return (
+        chunk_bytes_per_logit(param_bytes) * chunk * vocab_size
+        + HIDDEN_COPIES * param_bytes * hidden_size * trained_tokens
+    )
