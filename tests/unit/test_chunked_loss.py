@@ -153,3 +153,41 @@ def test_chunk_size_and_bytes() -> None:
     # 8B at 2 × 2048 tokens, bf16: one chunk of the 128k vocabulary plus the trained hidden states
     assert chunked_loss_bytes(128_256, 4096, 4096, 2) < 2**30
     assert chunked_loss_bytes(128_256, 4096, 4096, 2) == 6 * 130 * 128_256 + 3 * 2 * 4096 * 4096
+
+
+def test_validation_loss_equals_the_full_logits_token_mean() -> None:
+    from finetune_trainer.data.batching import collate, unpacked
+    from finetune_trainer.data.formats import Sample
+    from finetune_trainer.evaluation import eval_loss
+    from finetune_trainer.loss import training_loss
+
+    model = _tiny_llama()
+    samples = [
+        Sample((1, 5, 9, 11, 13), (IGNORE_INDEX, IGNORE_INDEX, 9, 11, 13)),
+        Sample((1, 7, 8, 20, 21, 22, 23), (IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX, 20, 21, 22, 23)),
+        Sample((1, 40, 41), (IGNORE_INDEX, 40, 41)),
+    ]
+    rows = unpacked(samples)
+    with torch.no_grad():  # the token-weighted mean, by hand, from the full logits
+        batch = collate(rows, 0, True)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        labels = batch["labels"][:, 1:]
+        losses = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, 96), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+        want = float(losses) / int((labels != IGNORE_INDEX).sum())
+    loss = training_loss(model, on_gpu=False)
+    assert loss.head is not None
+    # world 2, rank 1: rows 1 and a zero-weight repeat of it; batch 1 splits the shard in two forwards
+    for rank, world, expect in ((0, 1, want), (1, 2, None)):
+        got = eval_loss(
+            model, rows, rank=rank, world=world, batch=1, pad_id=0, explicit_mask=True,
+            all_reduce_sum=lambda v: v, loss=loss,
+        )  # fmt: skip
+        if expect is not None:
+            assert got == pytest.approx(expect, rel=1e-6)
+        else:
+            with torch.no_grad():
+                one = collate([rows[1]], 0, True)
+                alone = model(input_ids=one["input_ids"], labels=one["labels"]).loss
+            assert got == pytest.approx(float(alone), rel=1e-6)  # the repeat weighs nothing

@@ -197,6 +197,7 @@ class Trainer:
             pad_id=int(self.tokenizer.pad_token_id),
             explicit_mask=self.explicit_mask,
             all_reduce_sum=self.dist.sum,
+            loss=self.loss,
         )
         result: dict[str, Any] = {"eval_loss": loss}
         if self.demo_prompts:
