@@ -1,7 +1,8 @@
 """Benchmark (e): predicted per-GPU bytes vs `torch.cuda.max_memory_allocated()` on a real GPU.
 
 One process, one GPU, real DeepSpeed (NCCL, world size 1), random-init Llama-shaped
-models generated here. For each configuration it runs three optimizer steps, takes the
+models generated here, trained with the trainer's own loss (`plan/chunked_loss.py`). For each
+configuration it runs three optimizer steps, takes the
 allocator's peak and prints it beside the planner's per-GPU bytes without the runtime
 overhead term (the CUDA context and library workspaces are not allocator memory).
 Target: within 10 %.
@@ -26,7 +27,22 @@ SHAPES: dict[str, dict[str, int]] = {
     "llama-150m": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12},
     "llama-1b": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 16, "num_attention_heads": 16},
     "llama-3b": {"hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 26, "num_attention_heads": 24},
+    "llama-3.1-8b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+    },
 }
+TORCHTUNE_LORA = {
+    "r": 8,
+    "dropout": 0.0,
+    "targets": ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+}
+"""torchtune's llama3_1/8B_lora_single_device, published at 16.2 GiB reserved (batch 2 × 2048, checkpointing):
+see benchmarks/planner_vs_published.py."""
 CONFIGS: list[dict[str, Any]] = [
     {"shape": "llama-1b", "method": "lora", "stage": 0, "ckpt": False, "micro": 4, "seq": 1024},
     {"shape": "llama-1b", "method": "lora", "stage": 0, "ckpt": True, "micro": 8, "seq": 2048},
@@ -35,6 +51,15 @@ CONFIGS: list[dict[str, Any]] = [
     {"shape": "llama-3b", "method": "lora", "stage": 3, "ckpt": True, "micro": 4, "seq": 4096},
     {"shape": "llama-3b", "method": "full", "stage": 2, "ckpt": True, "micro": 1, "seq": 2048, "offload": "cpu"},
     {"shape": "llama-150m", "method": "full", "stage": 0, "ckpt": False, "micro": 8, "seq": 1024},
+    {
+        "shape": "llama-3.1-8b",
+        "method": "lora",
+        "stage": 0,
+        "ckpt": True,
+        "micro": 2,
+        "seq": 2048,
+        "lora": TORCHTUNE_LORA,
+    },
 ]
 
 
@@ -59,7 +84,7 @@ def spec_for(config_dir: str, case: dict[str, Any]) -> Any:
         {
             "model": {"uri": config_dir},
             "dataset": {"uri": "builtin://reverse-words", "maxSeqLength": case["seq"]},
-            "method": {"type": case["method"]},
+            "method": {"type": "full"} if case["method"] == "full" else {"type": case["method"], "lora": _lora(case)},
             "training": {
                 "microBatchSize": case["micro"],
                 "globalBatchSize": case["micro"],
@@ -76,12 +101,18 @@ def spec_for(config_dir: str, case: dict[str, Any]) -> Any:
     )
 
 
+def _lora(case: dict[str, Any]) -> dict[str, Any]:
+    lora = case.get("lora", {"r": 16, "dropout": 0.05, "targets": ["all-linear"]})
+    return {"r": lora["r"], "alpha": 2 * lora["r"], "dropout": lora["dropout"], "targetModules": lora["targets"]}
+
+
 def run_case(case: dict[str, Any], workdir: Path) -> tuple[int, int]:
     import deepspeed
     import torch
     from transformers import AutoModelForCausalLM
 
     from finetune_operator.plan import plan_job
+    from finetune_operator.plan.chunked_loss import causal_lm_loss, output_head
     from finetune_operator.plan.meta_count import build_config
     from finetune_operator.render.deepspeed_config import deepspeed_config
 
@@ -106,15 +137,25 @@ def run_case(case: dict[str, Any], workdir: Path) -> tuple[int, int]:
     if case["method"] != "full":
         import peft
 
+        lora = _lora(case)
+        targets = lora["targetModules"]
         model = peft.get_peft_model(
-            model, peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear")
+            model,
+            peft.LoraConfig(
+                r=lora["r"],
+                lora_alpha=lora["alpha"],
+                lora_dropout=lora["dropout"],
+                target_modules="all-linear" if targets == ["all-linear"] else targets,
+            ),
         )
+    head = output_head(model)  # the trainer's loss: chunked, never the full logits
     params = [p for p in model.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config)
-    tokens = torch.randint(0, 32000, (case["micro"], case["seq"]), device=engine.device)
-    mask = torch.ones_like(tokens)
+    vocab = model_config(case["shape"])["vocab_size"]
+    tokens = torch.randint(0, vocab, (case["micro"], case["seq"]), device=engine.device)
+    inputs = {"input_ids": tokens, "attention_mask": torch.ones_like(tokens), "labels": tokens}
     for _ in range(3):
-        loss = engine(input_ids=tokens, attention_mask=mask, labels=tokens).loss
+        loss = causal_lm_loss(engine, head, inputs) if head is not None else engine(**inputs).loss
         engine.backward(loss)
         engine.step()
     torch.cuda.synchronize()

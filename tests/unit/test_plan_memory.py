@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from finetune_operator.plan.activations import activation_bytes
+from finetune_operator.plan.logits import HIDDEN_COPIES
 from finetune_operator.plan.memory import Strategy, estimate_memory
 from finetune_operator.plan.workload import Workload, workload_from_spec
 from tests.factories import make_job
@@ -105,7 +106,25 @@ def test_activations_grow_linearly_with_micro_batch() -> None:
     w = workload("llama-2-7b", "lora")
     one, four = (activation_bytes(w, m, checkpointing=False) for m in (1, 4))
     assert four.activations == pytest.approx(4 * one.activations, rel=1e-6)
-    assert four.logits == 4 * one.logits
+    # the loss runs in chunks: only the trained tokens' hidden states grow with the batch
+    chunk = one.logits - HIDDEN_COPIES * 2 * w.shape.hidden_size * w.seq_len
+    assert four.logits == chunk + 4 * HIDDEN_COPIES * 2 * w.shape.hidden_size * w.seq_len
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora", "full"])
+def test_the_logits_term_of_an_8b_job_at_2x2048_is_under_a_gib(method: str) -> None:
+    w = workload("llama-3.1-8b", method, gpus=1)
+    logits = activation_bytes(w, 2, checkpointing=True).logits
+    head_gradient = 2 * w.shape.vocab_size * w.shape.hidden_size if method == "full" else 0
+    assert logits - head_gradient < 2**30
+    # the full-logits path it replaced held 12 bytes per vocabulary entry per token: 5.9 GiB
+    assert logits - head_gradient < 12 * w.shape.vocab_size * 2 * 2048 / 5
+
+
+def test_soft_capped_heads_keep_the_full_logits_term() -> None:
+    w = workload("gemma-2-9b", "lora")
+    logits = activation_bytes(w, 1, checkpointing=True).logits
+    assert logits >= 14 * w.shape.vocab_size * w.seq_len
 
 
 def test_qlora_stores_the_base_in_about_half_a_byte_per_parameter() -> None:

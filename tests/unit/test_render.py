@@ -222,6 +222,25 @@ def test_deepspeed_config_follows_the_plan(stage: int, opt: str, par: str, expec
     assert config["bf16"]["enabled"] is True and config["gradient_clipping"] == 1.0
 
 
+@pytest.mark.parametrize(("trainable", "bucket"), [(None, 50_000_000), (21_000_000, 21_000_000), (10**9, 50_000_000)])
+def test_the_reduce_bucket_is_no_larger_than_what_trains(trainable: int | None, bucket: int) -> None:
+    j = job()
+    plan = fixed_plan(j.spec).model_copy(update={"trainable_parameters": trainable})
+    zero = deepspeed_config(j.spec, plan)["zero_optimization"]
+    assert zero["reduce_bucket_size"] == bucket and zero["allgather_bucket_size"] == 50_000_000
+    pinned = job(deepspeed={"overrides": {"zero_optimization.reduce_bucket_size": 123}})
+    assert deepspeed_config(pinned.spec, plan)["zero_optimization"]["reduce_bucket_size"] == 123
+
+
+def test_the_planner_records_the_trainable_count_it_sized_the_buckets_for() -> None:
+    from finetune_operator.plan.planner import plan_job
+
+    j = job(model={"uri": "org/model", "architecture": "llama-3.1-8b"}, method={"type": "lora"})
+    status = plan_job(j.spec).to_status()
+    assert status.trainable_parameters is not None and 10**6 < status.trainable_parameters < 10**8
+    assert deepspeed_config(j.spec, status)["zero_optimization"]["reduce_bucket_size"] == status.trainable_parameters
+
+
 def test_without_a_memory_setting_the_pod_requests_the_planned_host_memory() -> None:
     j = job(model={"uri": "pvc://models/llama"})  # no model cache: memory is the only request
     plan = fixed_plan(j.spec).model_copy(update={"host_bytes_per_node": 100 * 2**30 + 1})

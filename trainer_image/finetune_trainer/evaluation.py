@@ -35,8 +35,12 @@ def eval_loss(
     pad_id: int,
     explicit_mask: bool,
     all_reduce_sum: Callable[[list[float]], list[float]],
+    loss: Callable[[Any, dict[str, Any]], Any],
 ) -> float | None:
-    """Token-weighted mean loss over the validation rows, identical on every rank."""
+    """Token-weighted mean loss over the validation rows, identical on every rank.
+
+    `loss(model, inputs)` is the training loss (the chunked one: no full logits here either,
+    at four times the training micro-batch)."""
     import torch
 
     if not rows:
@@ -53,19 +57,15 @@ def eval_loss(
             inputs: dict[str, Any] = {k: b[k].to(device) for k in ("input_ids", "position_ids") if k in b}
             if "attention_mask" in b:
                 inputs["attention_mask"] = b["attention_mask"].to(device)
-            logits = model(**inputs).logits.float()
-            labels = b["labels"].to(device)
-            shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
-            losses = torch.nn.functional.cross_entropy(
-                shift_logits.reshape(-1, shift_logits.size(-1)),
-                shift_labels.reshape(-1),
-                ignore_index=IGNORE_INDEX,
-                reduction="none",
-            ).view(shift_labels.shape)
-            valid = (shift_labels != IGNORE_INDEX).float()
-            weights = torch.tensor([w for _, w in part], device=device)[:, None]
-            total += float((losses * valid * weights).sum())
-            count += float((valid * weights).sum())
+            weights = [w for _, w in part]
+            labels = b["labels"].clone()
+            labels[[i for i, w in enumerate(weights) if w == 0]] = IGNORE_INDEX  # repeats only pad the shard
+            inputs["labels"] = labels.to(device)
+            trained = int((labels[:, 1:] != IGNORE_INDEX).sum())
+            mean = loss(model, inputs)  # every rank runs the forward, even with nothing to count
+            if trained:
+                total += float(mean) * trained
+                count += trained
     model.train(was_training)
     total, count = all_reduce_sum([total, count])
     return total / count if count else None

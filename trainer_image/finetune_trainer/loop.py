@@ -24,6 +24,7 @@ from .data.batching import EpochSampler, Row, collate, pack, unpacked
 from .data.formats import prompt_and_answer
 from .data.loading import DataError, load_samples
 from .devices import float64_on_rank
+from .loss import training_loss
 from .metrics import RankMetrics
 from .schedule import lr_lambda
 from .settings import JobConfig
@@ -100,6 +101,7 @@ class Trainer:
         ds_config = modeling.effective_deepspeed_config(self.cfg.deepspeed, self.compute)
         model = modeling.load_model(spec, plan, self.model_path, self.compute, ds_config)
         self.trainable, self.total_params = modeling.trainable_parameters(model)
+        self.loss = training_loss(model, on_gpu)
         params = [p for p in model.parameters() if p.requires_grad]
         if on_gpu and plan.offload_optimizer != "none":
             from deepspeed.ops.adam import DeepSpeedCPUAdam
@@ -123,7 +125,7 @@ class Trainer:
         if rank == 0:
             log.info(
                 "model %s: %s, %d/%d trainable parameters, ZeRO-%d, micro-batch %d x accumulation %d x world %d, "
-                "%d steps (%d per epoch)",
+                "%d steps (%d per epoch), loss: %s",
                 spec.model.uri,
                 spec.method.type,
                 self.trainable,
@@ -134,6 +136,7 @@ class Trainer:
                 self.dist.world,
                 self.total_steps,
                 self.sampler.steps_per_epoch,
+                self.loss.name,
             )
 
     def _load_data(self) -> None:
@@ -197,6 +200,7 @@ class Trainer:
             pad_id=int(self.tokenizer.pad_token_id),
             explicit_mask=self.explicit_mask,
             all_reduce_sum=self.dist.sum,
+            loss=self.loss,
         )
         result: dict[str, Any] = {"eval_loss": loss}
         if self.demo_prompts:
@@ -270,7 +274,7 @@ class Trainer:
                 batch = collate([self.rows[i] for i in indices], int(self.tokenizer.pad_token_id), self.explicit_mask)
                 inputs = {k: v.to(self.engine.device) for k, v in batch.items() if hasattr(v, "to")}
                 wait += time.perf_counter() - t0
-                loss = self.engine(**inputs).loss
+                loss = self.loss(self.engine, inputs)
                 self.engine.backward(loss)
                 self.engine.step()
                 loss_sum += float(loss.detach())

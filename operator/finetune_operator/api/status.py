@@ -82,6 +82,8 @@ class PlanStatus(ApiModel):
     candidate_index: Annotated[int, Field(ge=0)] = 0
     replans: Annotated[int, Field(ge=0)] = 0
     replan_reason: Annotated[str, Field(max_length=2048)] | None = None
+    trainable_parameters: Annotated[int, Field(ge=0)] | None = None
+    """What trains, counted by the planner: the rendered DeepSpeed buckets are sized to it."""
 
 
 class Progress(ApiModel):

@@ -15,20 +15,21 @@ flash/memory-efficient attention (no s² term unless the family needs eager atte
 
 With gradient checkpointing each layer keeps only its 16-bit input; the layer being
 recomputed in backward adds one layer's activations and the gradients flowing through
-it (`2·e·(I + h)`), which is the peak when the vocabulary is small. Logits are `b·s·V` in 16 bits plus
-the fp32 upcast, log-softmax and its gradient (about 12 bytes per vocabulary entry per
-token, 14 with logit soft-capping). In full fine-tuning the gradient of the largest single weight
-tensor (the output head `e·V·h`, or a fused MoE expert weight) appears whole before it is
-handed to DeepSpeed, while the 16-bit logits gradient is still alive; for short sequences
-that moment is the peak. The constants were calibrated against `traced.py`
-(transformers 5.x, torch 2.x) on the catalogue families; `benchmarks/planner_traced_vs_analytical.py`
-prints the comparison.
+it (`2·e·(I + h)`), which is the peak when the vocabulary is small. The loss runs in chunks
+(`logits.py`): one chunk of logits plus the trained tokens' hidden states, whatever the
+sequence length. Soft-capped heads keep the full logits, `b·s·V` in 16 bits plus the fp32
+upcast, log-softmax and its gradient (about 14 bytes per vocabulary entry per token). In full
+fine-tuning the gradient of the largest single weight tensor (the output head `e·V·h`, or a
+fused MoE expert weight) appears whole before it is handed to DeepSpeed. The constants were
+calibrated against `traced.py` (transformers 5.x, torch 2.x) on the catalogue families;
+`benchmarks/planner_traced_vs_analytical.py` prints the comparison.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .logits import chunked_loss_bytes
 from .param_count import ArchitectureShape
 from .workload import Workload, per_workload
 
@@ -102,6 +103,18 @@ def materialised_expert_bytes_per_layer(workload: Workload) -> int:
     return workload.param_bytes * expert_params
 
 
+def loss_bytes(workload: Workload, tokens: int) -> int:
+    """The logits/loss peak: one chunk of the chunked loss (`logits.py`), or the full logits
+    where the trainer keeps them (soft-capped heads). In full fine-tuning the largest weight's
+    gradient (the head's, accumulated chunk by chunk) is whole before DeepSpeed takes it."""
+    shape, e = workload.shape, workload.param_bytes
+    largest = max(g.experts * g.in_features * g.out_features for g in shape.groups) if workload.method == "full" else 0
+    if not shape.logit_softcapping:
+        return chunked_loss_bytes(shape.vocab_size, shape.hidden_size, tokens, e) + e * largest
+    per_vocab = LOGIT_BYTES_PER_VOCAB + SOFTCAP_EXTRA_BYTES_PER_VOCAB
+    return max(int(per_vocab * shape.vocab_size * tokens), e * shape.vocab_size * tokens + e * largest)
+
+
 def activation_bytes(workload: Workload, micro_batch: int, checkpointing: bool) -> ActivationBytes:
     """Activation and logits bytes at the backward peak for `micro_batch` sequences."""
     shape = workload.shape
@@ -109,11 +122,7 @@ def activation_bytes(workload: Workload, micro_batch: int, checkpointing: bool) 
     e = workload.param_bytes
     layer = layer_bytes_per_token(workload) * tokens + materialised_expert_bytes_per_layer(workload)
     outside_layers = (4 + 2 * e) * shape.hidden_size * tokens
-    per_vocab = LOGIT_BYTES_PER_VOCAB + (SOFTCAP_EXTRA_BYTES_PER_VOCAB if shape.logit_softcapping else 0)
-    logits = int(per_vocab * shape.vocab_size * tokens)
-    if workload.method == "full":
-        largest_tensor = max(g.experts * g.in_features * g.out_features for g in shape.groups)
-        logits = max(logits, int(e * shape.vocab_size * tokens + e * largest_tensor))
+    logits = loss_bytes(workload, tokens)
     if checkpointing:
         kept = shape.num_layers * e * shape.hidden_size * tokens
         backward_transient = 2 * e * (shape.intermediate_size + shape.hidden_size) * tokens

@@ -13,7 +13,8 @@ parameters, e bytes per 16-bit value and G ranks,
   difference). Optimizer offload moves them to the host.
 - optimizerStates: fp32 master weights and Adam's two moments, `12·T`, `/G` from stage 1,
   on the host with optimizer offload (fp32 training has no separate master copy);
-- buffers: reduce and all-gather buckets (stage 1-2), or at stage 3 the largest layer
+- buffers: the two reduce buckets of stage 1-2 (sized to the trainable count when rendered), or
+  at stage 3 the largest layer
   gathered whole with its gradient, the prefetch and reduce buckets and the small
   parameters that stay unpartitioned;
 - activations and logits: `activations.py`; overhead: CUDA context and workspaces.
@@ -144,8 +145,8 @@ def _gradient_bytes(workload: Workload, stage: int, offloaded: bool) -> float:
 
 def _buffer_bytes(workload: Workload, stage: int) -> float:
     e, buffers, trainable = workload.param_bytes, workload.buffers, workload.counts.trainable
-    if stage in (1, 2):
-        return e * min(buffers.reduce_bucket, trainable) + e * min(buffers.allgather_bucket, trainable)
+    if stage in (1, 2):  # two reduce buffers (overlap_comm), allocated whole: the renderer sizes them to T
+        return 2 * e * min(buffers.reduce_bucket, trainable)
     if stage == 3:
         unpartitioned = small_params(workload)
         gathered_layer = 2 * e * workload.counts.largest_layer

@@ -79,11 +79,16 @@ class PlanResult:
         chosen = candidate or self.chosen
         if chosen is None:
             raise DoesNotFitError(self.verdict, self.suggestions)
-        return status_of(chosen, self.gpu_memory_bytes, self.verdict, rejected_alternatives(self.candidates, chosen))
+        rejected = rejected_alternatives(self.candidates, chosen)
+        return status_of(chosen, self.gpu_memory_bytes, self.verdict, rejected, self.workload.counts.trainable)
 
 
 def status_of(
-    candidate: Candidate, gpu_memory_bytes: int, reason: str, rejected: list[RejectedCandidate]
+    candidate: Candidate,
+    gpu_memory_bytes: int,
+    reason: str,
+    rejected: list[RejectedCandidate],
+    trainable_parameters: int | None = None,
 ) -> PlanStatus:
     s = candidate.strategy
     return PlanStatus(
@@ -101,6 +106,7 @@ def status_of(
         reason=reason[:2048],
         rejected=rejected,
         candidate_index=candidate.index,
+        trainable_parameters=trainable_parameters,
     )
 
 

@@ -89,6 +89,7 @@ def next_frugal_plan(
                 current.gpu_memory_bytes or spec.resources.gpu_memory_bytes,
                 f"re-planned after {reason}: {chosen.strategy.label()}",
                 rejected_alternatives(explained, chosen),
+                workload.counts.trainable,
             )
             return status.model_copy(update={"replans": current.replans + 1, "replan_reason": reason[:2048]})
     return None

@@ -6,7 +6,8 @@ every parameter becomes a `FakeTensor` (shape and dtype, no data), and one forwa
 backward pass runs under a `TorchDispatchMode` that adds up the bytes of live storages
 (views share a storage, so storages are counted, not tensors) and keeps the peak. It
 costs seconds on a CPU and no memory, and is used with `ftjob plan --traced` and to
-calibrate `activations.py`. Imported lazily: it needs torch, transformers and peft.
+calibrate `activations.py`. The loss is the trainer's own (`chunked_loss.py`). Imported
+lazily: it needs torch, transformers and peft.
 
 The CPU trace runs PyTorch's CPU flash-attention kernel, which, like the GPU flash
 kernel, saves only q, k, v, the output and a log-sum-exp per row, so the number
@@ -24,6 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .chunked_loss import causal_lm_loss, output_head
 from .meta_count import apply_lora, build_meta_model
 
 
@@ -132,7 +134,9 @@ def trace_training_step(
         counter.ignore([*model.parameters(), *model.buffers()])
         grad_bytes = _hand_gradients_over(model)
         with counter:
-            loss = model(input_ids=tokens, attention_mask=mask, labels=tokens, use_cache=False).loss
+            inputs = {"input_ids": tokens, "attention_mask": mask, "labels": tokens, "use_cache": False}
+            head = output_head(model)  # None: the trainer keeps the model's full-logits loss too
+            loss = model(**inputs).loss if head is None else causal_lm_loss(model, head, inputs, select=False)
             loss.backward()
     return TracedStep(counter.peak, sum(grad_bytes.values()), time.perf_counter() - started)
 

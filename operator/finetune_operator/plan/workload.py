@@ -118,7 +118,8 @@ RENDERED_BUCKET_DEFAULTS = {
     "zero_optimization.stage3_param_persistence_threshold": 1e5,
     "zero_optimization.sub_group_size": float(DEFAULT_SUB_GROUP_SIZE),
 }
-"""The bucket sizes `render/deepspeed_config.py` writes (plan must not import render)."""
+"""The bucket sizes `render/deepspeed_config.py` writes (plan must not import render); it writes
+a reduce bucket of min(5e7, trainable parameters), which `memory._buffer_bytes` applies."""
 
 
 def _buffers(spec: FineTuneJobSpec) -> DeepSpeedBuffers:

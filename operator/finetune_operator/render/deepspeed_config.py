@@ -12,6 +12,16 @@ from ..api.spec import FineTuneJobSpec
 from ..api.status import PlanStatus
 
 DEFAULT_NVME_PATH = "/local_nvme"
+DEFAULT_BUCKET = 50_000_000
+"""Elements of the reduce, all-gather and prefetch buckets (DeepSpeed's own defaults are 5e8)."""
+
+
+def reduce_bucket(plan: PlanStatus) -> int:
+    """The gradient reduce bucket: DeepSpeed allocates it whole (twice with `overlap_comm` at
+    stages 1-2) whatever trains, so it is no larger than the trainable parameters (LoRA: a few
+    million). Every trainable tensor fits, since each is part of that count."""
+    trainable = plan.trainable_parameters
+    return DEFAULT_BUCKET if trainable is None else max(1, min(DEFAULT_BUCKET, trainable))
 
 
 def _offload(device: str, nvme_path: str | None) -> dict[str, Any]:
@@ -42,13 +52,13 @@ def deepspeed_config(spec: FineTuneJobSpec, plan: PlanStatus) -> dict[str, Any]:
         "overlap_comm": True,
         "contiguous_gradients": True,
         "reduce_scatter": True,
-        "reduce_bucket_size": 5e7,
-        "allgather_bucket_size": 5e7,
+        "reduce_bucket_size": reduce_bucket(plan),
+        "allgather_bucket_size": DEFAULT_BUCKET,
     }
     if plan.zero_stage == 3:
         zero.update(
             {
-                "stage3_prefetch_bucket_size": 5e7,
+                "stage3_prefetch_bucket_size": DEFAULT_BUCKET,
                 "stage3_param_persistence_threshold": 1e5,
                 "stage3_gather_16bit_weights_on_model_save": True,
             }
