@@ -64,7 +64,7 @@ def test_a_job_gets_its_children_and_runs(jobs: Jobs) -> None:
 def test_every_rank_exiting_zero_succeeds_and_frees_the_gpus(jobs: Jobs) -> None:
     jobs.create(**small())
     running(jobs)
-    summary = {"finalLoss": 0.42, "steps": 10, "tokens": 5000, "adapter": "/mnt/pvc/out/job/adapter"}
+    summary = {"finalLoss": 0.42, "steps": 10, "tokens": 5000, "adapterUri": "/mnt/pvc/out/job/adapter"}
     for pod in jobs.pods():
         jobs.report(pod["metadata"]["name"], {"exitCode": 0, "reason": "Completed", "message": json.dumps(summary)},
                     last=True, restarts=1)  # fmt: skip

@@ -132,7 +132,7 @@ def test_half_ready_is_not_running() -> None:
 
 def test_every_rank_exiting_zero_succeeds_with_the_summary_in_result() -> None:
     job, _ = step(job_with(), [])
-    summary = json.dumps({"finalLoss": 0.25, "steps": 40, "tokens": 12345, "adapter": "/out/adapter"})
+    summary = json.dumps({"finalLoss": 0.25, "steps": 40, "tokens": 12345, "adapterUri": "/out/adapter"})
     decision = run(job, [pod(0, last=exited(0, summary, "Completed")), pod(1, state={"terminated": exited(0)})])
     status = decision.status
     assert status.state == "Succeeded" and decision.replicas == 0

@@ -15,13 +15,12 @@ Everything is a pure function of the seed, so every rank of every pod builds the
 
 from __future__ import annotations
 
-import json
 import os
 import random
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from finetune_operator.api.catalogue import read_entry
 from finetune_operator.api.spec import BUILTIN_DATASETS, BUILTIN_MODELS
 
 BUILTIN_PREFIX = "builtin://"
@@ -189,8 +188,7 @@ def builtin_records(name: str, seed: int = 1234) -> list[dict[str, Any]]:
 
 
 def _catalogue_config() -> dict[str, Any]:
-    text = resources.files("finetune_operator.plan.catalogue").joinpath("tiny-llama.json").read_text()
-    return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+    return read_entry("tiny-llama")
 
 
 def _tokenizer_corpus() -> list[str]:

@@ -23,6 +23,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from finetune_operator.api.pod_contract import TrainingSummary
+
 from . import outcome, shm_segments
 from .paths import completion_marker
 from .settings import ConfigError, JobConfig, env_int, load_config
@@ -102,10 +104,10 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
         outcome.write_termination(message)
         return Result(1, None, message)
     if marker.exists():
-        summary = json.loads(marker.read_text())
-        outcome.write_termination(json.dumps(summary, sort_keys=True))
+        done = outcome.read_summary(marker)
+        outcome.write_summary(done)
         code = idle_forever(marker) if idle_when_done else 0
-        return Result(code, summary, "already completed")
+        return Result(code, _wire(done), "already completed")
     node_rank = env_int("NODE_RANK", 0)
     master_addr = os.environ.get("MASTER_ADDR") or cfg.hosts[0][0]
     master_port = env_int("MASTER_PORT", DEFAULT_MASTER_PORT)
@@ -134,11 +136,11 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
 
 
 def _conclude(state_dir: Path, returncode: int, node_rank: int, signum: int) -> Result:
-    summary_file = state_dir / "summary.json"
+    summary_file = state_dir / outcome.SUMMARY_FILE
     if returncode == 0 and summary_file.exists():
-        summary = json.loads(summary_file.read_text())
-        outcome.write_termination(json.dumps(summary, sort_keys=True))
-        return Result(0, summary, "succeeded")
+        summary = outcome.read_summary(summary_file)
+        outcome.write_summary(summary)
+        return Result(0, _wire(summary), "succeeded")
     if signum:
         message = f"{outcome.TERMINATED}: received {signal.Signals(signum).name}; ranks stopped"
         outcome.write_termination(message)
@@ -152,6 +154,10 @@ def _conclude(state_dir: Path, returncode: int, node_rank: int, signum: int) -> 
         line, code = outcome.launcher_failure_line(returncode, node_rank)
     outcome.write_termination(line)
     return Result(code, None, line)
+
+
+def _wire(summary: TrainingSummary) -> dict[str, Any]:
+    return summary.model_dump(by_alias=True, exclude_none=True)
 
 
 def main(config_dir: str) -> int:

@@ -16,6 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from finetune_operator.api.pod_contract import TrainingSummary
+from finetune_operator.api.spec import DatasetFormat, MalformedLinePolicy, MethodType
+
 from . import builtin, checkpoint, evaluation, export, modeling
 from .data.batching import EpochSampler, Row, collate, pack, unpacked
 from .data.formats import prompt_and_answer
@@ -140,7 +143,7 @@ class Trainer:
             str(spec.dataset.format),
             self.tokenizer,
             spec.dataset.max_seq_length,
-            skip_malformed=str(spec.dataset.on_malformed_line) == "Skip",
+            skip_malformed=spec.dataset.on_malformed_line == MalformedLinePolicy.SKIP,
         )
         self.skipped = data.malformed
         if data.malformed and self.dist.rank == 0:
@@ -175,7 +178,7 @@ class Trainer:
             self.total_steps = max(1, math.ceil((t.epochs or 1.0) * self.sampler.steps_per_epoch))
 
     def _prompt(self, record: dict[str, Any]) -> tuple[list[int], str]:
-        if str(self.spec.dataset.format) == "messages":
+        if self.spec.dataset.format == DatasetFormat.MESSAGES:
             turns = record["messages"]
             text = self.tokenizer.apply_chat_template(turns[:-1], tokenize=False, add_generation_prompt=True)
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]), str(turns[-1]["content"])
@@ -221,7 +224,7 @@ class Trainer:
             with self.log_path.open("a") as fh:
                 fh.write(json.dumps(entry, sort_keys=True) + "\n")
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> TrainingSummary:
         rank = self.dist.rank
         if rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -346,33 +349,31 @@ class Trainer:
 
     def _finish(
         self, before: dict[str, Any], after: dict[str, Any], tokens: int, samples: int, last_loss: float | None
-    ) -> dict[str, Any]:
-        method = str(self.spec.method.type)
-        target = self.out / ("model" if method == "full" else "adapter")
-        export.save_trained(self.engine.module, self.tokenizer, target, method, self.dist.rank)
+    ) -> TrainingSummary:
+        full = self.spec.method.type == MethodType.FULL
+        target = self.out / ("model" if full else "adapter")
+        export.save_trained(self.engine.module, self.tokenizer, target, str(self.spec.method.type), self.dist.rank)
         merged = None
-        if self.spec.output.merged_model and method != "full" and self.dist.rank == 0:
+        if self.spec.output.merged_model and not full and self.dist.rank == 0:
             merged = export.save_merged(
                 self.model_path, target, self.tokenizer, self.out / "merged", self.compute.dtype_name
             )
         self.dist.barrier()
-        summary: dict[str, Any] = {
-            "finalLoss": last_loss,
-            "steps": self.total_steps,
-            "tokens": tokens,
-            "samples": samples,
-            "adapterUri": str(target) if method != "full" else None,
-            "modelUri": str(target) if method == "full" else None,
-            "mergedModelUri": str(merged) if merged else None,
-            "wallSeconds": round(time.time() - self.started, 3),
-            "evalLoss": after.get("eval_loss"),
-            "evalLossBefore": before.get("eval_loss"),
-            "skippedRecords": self.skipped,
-        }
-        if "exact_match" in after:
-            summary["exactMatchBefore"] = before.get("exact_match")
-            summary["exactMatch"] = after["exact_match"]
-        return summary
+        return TrainingSummary(
+            final_loss=last_loss,
+            steps=self.total_steps,
+            tokens=tokens,
+            samples=samples,
+            adapter_uri=None if full else str(target),
+            model_uri=str(target) if full else None,
+            merged_model_uri=str(merged) if merged else None,
+            wall_seconds=round(time.time() - self.started, 3),
+            eval_loss=after.get("eval_loss"),
+            eval_loss_before=before.get("eval_loss"),
+            exact_match=after.get("exact_match"),
+            exact_match_before=before.get("exact_match") if "exact_match" in after else None,
+            skipped_records=self.skipped,
+        )
 
     def _progress_bar(self, start: int) -> Any:
         if not (self.progress and self.dist.rank == 0):

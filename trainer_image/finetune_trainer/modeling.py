@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from finetune_operator.api.lora_rules import UnsupportedSetting, resolve_lora_dropout
 from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_operator.api.status import PlanStatus
-from finetune_operator.plan.errors import UnsupportedSettingError
-from finetune_operator.plan.workload import resolve_lora_dropout
 
 from . import builtin
 from .paths import resolve_uri
@@ -129,7 +128,7 @@ def lora_dropout(requested: float | None, fused_experts: list[str]) -> float:
         where = f"this model's fused expert weights ({fused_experts[0]}, {len(fused_experts)} in all)"
     try:
         dropout = resolve_lora_dropout(requested, where)
-    except UnsupportedSettingError as exc:
+    except UnsupportedSetting as exc:
         raise LoraSettingError(str(exc)) from None
     if fused_experts and requested is None:
         log.info("LoRA dropout 0: the targets include %d fused expert weights, where peft has no dropout",

@@ -22,32 +22,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-TERMINATION_LOG = "/dev/termination-log"
-OUT_OF_MEMORY = "OutOfMemory"
-DATA_ERROR = "DataError"
-DATA_UNAVAILABLE = "DataUnavailable"
-MODEL_NOT_FOUND = "ModelNotFound"
-CONFIG_ERROR = "ConfigError"
-TRAINING_ERROR = "TrainingError"
-TERMINATED = "Terminated"
-RANK_KILLED = "RankKilled"
-REASONS = (
-    OUT_OF_MEMORY,
-    DATA_ERROR,
-    DATA_UNAVAILABLE,
-    MODEL_NOT_FOUND,
-    CONFIG_ERROR,
-    TRAINING_ERROR,
-    TERMINATED,
-    RANK_KILLED,
+from finetune_operator.api.pod_contract import (
+    MAX_MESSAGE_LINE,
+    TerminationReason,
+    TrainingSummary,
+    is_out_of_memory_text,
 )
-MAX_LINE = 1000
-SIGKILL_EXIT_CODE = 137
 
-_OOM_PATTERNS = re.compile(
-    r"out of memory|OutOfMemory|can't allocate memory|cannot allocate memory|std::bad_alloc|CUBLAS_STATUS_ALLOC_FAILED",
-    re.IGNORECASE,
-)
+TERMINATION_LOG = "/dev/termination-log"
+OUT_OF_MEMORY = TerminationReason.OUT_OF_MEMORY
+DATA_ERROR = TerminationReason.DATA_ERROR
+DATA_UNAVAILABLE = TerminationReason.DATA_UNAVAILABLE
+MODEL_NOT_FOUND = TerminationReason.MODEL_NOT_FOUND
+CONFIG_ERROR = TerminationReason.CONFIG_ERROR
+TRAINING_ERROR = TerminationReason.TRAINING_ERROR
+TERMINATED = TerminationReason.TERMINATED
+RANK_KILLED = TerminationReason.RANK_KILLED
+REASONS = tuple(TerminationReason)
+MAX_LINE = MAX_MESSAGE_LINE
+SIGKILL_EXIT_CODE = 137
+SUMMARY_FILE = "summary.json"
+"""In the run-state folder: the summary local rank 0 leaves for the entrypoint."""
 
 
 class StoppedBySignal(BaseException):
@@ -64,10 +59,10 @@ def one_line(text: str) -> str:
 
 
 def is_oom_text(text: str) -> bool:
-    return bool(_OOM_PATTERNS.search(text))
+    return is_out_of_memory_text(text)
 
 
-def classify(exc: BaseException) -> str:
+def classify(exc: BaseException) -> TerminationReason:
     """The Reason for an exception raised on a rank."""
     from .data.loading import DataError, DataUnavailable
     from .modeling import ModelNotFound
@@ -137,7 +132,7 @@ def root_cause(state_dir: Path, node_rank: int) -> tuple[str, int] | None:
     started = {_rank_of(p) for p in state_dir.glob("rank*.started")}
     ended = {_rank_of(p) for p in state_dir.glob("rank*.done")} | {int(e["rank"]) for e in entries}
     silent = sorted(started - ended)
-    oom = [e for e in entries if str(e.get("line", "")).startswith(OUT_OF_MEMORY)]
+    oom = [e for e in entries if str(e.get("line", "")).startswith(f"{OUT_OF_MEMORY}:")]
     if oom:
         return str(min(oom, key=lambda e: float(e["time"]))["line"]), 1
     if silent:
@@ -167,6 +162,19 @@ def launcher_failure_line(returncode: int, node_rank: int) -> tuple[str, int]:
             SIGKILL_EXIT_CODE,
         )
     return f"{TRAINING_ERROR}: the DeepSpeed launcher on node {node_rank} exited with code {returncode}", 1
+
+
+def read_summary(path: Path) -> TrainingSummary:
+    """A summary a rank or an earlier run left (summary.json, the completion marker)."""
+    try:
+        return TrainingSummary.model_validate_json(path.read_text(), strict=False)
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"{path}: not a training summary: {' '.join(str(exc).split())[:300]}") from None
+
+
+def write_summary(summary: TrainingSummary) -> None:
+    """The termination message of a successful run: the summary the operator puts in `status.result`."""
+    write_termination(summary.to_message())
 
 
 def write_termination(message: str) -> None:

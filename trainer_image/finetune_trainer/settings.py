@@ -1,9 +1,9 @@
 """The config directory a pod receives (job.json, plan.json, deepspeed.json, hostfile), parsed.
 
-The operator renders it with `finetune_operator.render.config_files`; the trainer reads it
-back through the same pydantic models, so a field the renderer writes is a field the
-trainer understands. Environment variables that are the pod's business (node rank,
-master address, output folder) are read here too, in one place.
+The operator renders it (`finetune_operator.render.config_files`); the trainer reads it back
+through the same pydantic models and file names (`finetune_operator.api.pod_contract`), so a
+field the renderer writes is a field the trainer understands. Environment variables that are
+the pod's business (node rank, master address, output folder) are read here too, in one place.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.job import FineTuneJob
+from finetune_operator.api.pod_contract import DEEPSPEED_FILE, HOSTFILE, JOB_FILE, PLAN_FILE
 from finetune_operator.api.status import PlanStatus
-from finetune_operator.render.config_files import DEEPSPEED_FILE, HOSTFILE, JOB_FILE, PLAN_FILE
 
 from .paths import output_dir
 

@@ -9,7 +9,6 @@ writes the completion marker last, once every rank has saved its share.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -20,7 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 
-from .outcome import StoppedBySignal, failure_line, mark_rank, write_rank_failure
+from .outcome import SUMMARY_FILE, StoppedBySignal, failure_line, mark_rank, write_rank_failure
 from .paths import completion_marker
 from .shm_segments import release_own
 
@@ -86,11 +85,12 @@ def run_rank(config_dir: str) -> int:
         trainer = Trainer(cfg, local_rank, metrics, progress=os.environ.get("FTJOB_PROGRESS") == "1")
         trainer.setup()
         summary = trainer.run()
+        wire = summary.model_dump(by_alias=True, exclude_none=True)
         if local_rank == 0:
-            write_json_atomic(state_dir / "summary.json", summary)
+            write_json_atomic(state_dir / SUMMARY_FILE, wire)
         if rank == 0:
-            write_json_atomic(completion_marker(cfg.output), summary)
-            log.info("done: %s", json.dumps(summary, sort_keys=True))
+            write_json_atomic(completion_marker(cfg.output), wire)
+            log.info("done: %s", summary.to_message())
         torch.distributed.destroy_process_group()
         mark_rank(state_dir, rank, "done")
         return 0

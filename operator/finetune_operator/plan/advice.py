@@ -6,14 +6,9 @@ change that would not actually fit.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .candidates import Pins, evaluate_all, pick
+from .candidates import Candidate, Pins, evaluate_all, pick
 from .memory import frozen_weight_bytes
 from .workload import GIB, Workload
-
-if TYPE_CHECKING:
-    from .planner import PlanResult
 
 MAX_GPU_MULTIPLIER = 64
 MIN_SEQUENCE = 256
@@ -24,7 +19,9 @@ def _fits(workload: Workload, pins: Pins, budget: float) -> str | None:
     return None if chosen is None else f"{chosen.strategy.label()}, {chosen.per_gpu_bytes / GIB:.1f} GiB per GPU"
 
 
-def what_would_fit(workload: Workload, pins: Pins, gpu_memory: int, margin: float, result: PlanResult) -> list[str]:
+def what_would_fit(
+    workload: Workload, pins: Pins, gpu_memory: int, margin: float, candidates: list[Candidate]
+) -> list[str]:
     budget = gpu_memory * margin
     out: list[str] = []
     weights = frozen_weight_bytes(workload) + workload.counts.trainable * workload.param_bytes
@@ -58,10 +55,10 @@ def what_would_fit(workload: Workload, pins: Pins, gpu_memory: int, margin: floa
             out.append(f"a shorter sequence: dataset.maxSeqLength: {seq} would fit with {found}")
             break
         seq //= 2
-    best = min(result.candidates, key=lambda c: c.per_gpu_bytes, default=None)
+    best = min(candidates, key=lambda c: c.per_gpu_bytes, default=None)
     if best is not None:
         needed = best.per_gpu_bytes / margin
         out.append(f"bigger GPUs: {best.strategy.label()} needs {needed / GIB:.0f} GiB GPUs at the {margin:.0%} margin")
-    if workload.host_memory_bytes is not None and any(c.fits_gpu and not c.fits_host for c in result.candidates):
+    if workload.host_memory_bytes is not None and any(c.fits_gpu and not c.fits_host for c in candidates):
         out.append("more host memory (resources.memory): some offload strategies fit the GPUs but not the host")
     return out

@@ -7,11 +7,6 @@ callers never have to pattern-match on messages.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .planner import PlanResult
-
 
 class PlanningError(ValueError):
     """Base of every planner failure; the message is meant for the user, as is."""
@@ -40,9 +35,8 @@ class DoesNotFitError(PlanningError):
 
     condition_reason = "DoesNotFit"
 
-    def __init__(self, message: str, suggestions: list[str], result: PlanResult | None = None) -> None:
+    def __init__(self, message: str, suggestions: list[str]) -> None:
         lines = [message] + [f"  - {s}" for s in suggestions]
         super().__init__("\n".join(lines))
         self.headline = message
         self.suggestions = suggestions
-        self.result = result

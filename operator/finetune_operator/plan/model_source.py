@@ -14,10 +14,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ..api.catalogue import CATALOGUE_DIR
 from ..api.spec import ModelSpec
 from .errors import ModelConfigNotFoundError, UnknownArchitectureError
-
-CATALOGUE_DIR = Path(__file__).with_name("catalogue")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..api.spec import FineTuneJobSpec
 from ..api.status import MemoryBreakdown, PlanStatus, RejectedCandidate
+from .advice import what_would_fit
 from .candidates import Candidate, Pins, evaluate_all, pick
 from .errors import DoesNotFitError
 from .memory import BREAKDOWN_KEYS, Strategy
@@ -77,7 +78,7 @@ class PlanResult:
         """The `status.plan` of the chosen (or the given) candidate."""
         chosen = candidate or self.chosen
         if chosen is None:
-            raise DoesNotFitError(self.verdict, self.suggestions, self)
+            raise DoesNotFitError(self.verdict, self.suggestions)
         return status_of(chosen, self.gpu_memory_bytes, self.verdict, rejected_alternatives(self.candidates, chosen))
 
 
@@ -221,17 +222,15 @@ def plan_job(
 ) -> PlanResult:
     """Plan a job. Raises `DoesNotFitError` (with what would fit) when nothing fits and
     `require_fit` is true, `InvalidModelError` for an unknown or unreadable model."""
-    from .advice import what_would_fit
-
     workload = workload_from_spec(spec)
     memory = gpu_memory_bytes if gpu_memory_bytes is not None else spec.resources.gpu_memory_bytes
     override = traced_activations(spec, workload) if traced else None
     pins = Pins.from_spec(spec)
     result = plan_workload(workload, pins, memory, margin, override)
     if result.chosen is None:
-        result.suggestions = what_would_fit(workload, pins, memory, margin, result)
+        result.suggestions = what_would_fit(workload, pins, memory, margin, result.candidates)
         if require_fit:
-            raise DoesNotFitError(result.verdict, result.suggestions, result)
+            raise DoesNotFitError(result.verdict, result.suggestions)
     return result
 
 

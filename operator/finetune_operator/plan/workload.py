@@ -14,6 +14,7 @@ from functools import wraps
 from typing import TypeVar
 
 from ..api.base import quantity_bytes
+from ..api.lora_rules import UnsupportedSetting, resolve_lora_dropout
 from ..api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec
 from .errors import UnsupportedSettingError
 from .model_source import ModelSource, resolve_model
@@ -137,33 +138,16 @@ def _buffers(spec: FineTuneJobSpec) -> DeepSpeedBuffers:
     )
 
 
-def resolve_lora_dropout(requested: float | None, fused_experts: str | None) -> float:
-    """The LoRA dropout a run uses: the spec's, else the default; 0 where `all-linear` adapts fused experts.
-
-    A mixture of experts in recent transformers stores each projection of its experts as one 3-D
-    tensor, which peft adapts as a parameter (its ParamWrapper), where it has no dropout. So on
-    those models an unset dropout means 0 and a non-zero one is refused. `fused_experts`
-    describes those weights for the message, or is None when the targets include none. The
-    planner calls this from the model's config, the trainer from the loaded model's parameters.
-    """
-    if fused_experts is None:
-        return DEFAULT_LORA_DROPOUT if requested is None else requested
-    if requested:
-        raise UnsupportedSettingError(
-            f"spec.method.lora.dropout: {requested} cannot apply to {fused_experts}: targetModules all-linear "
-            "adapts them, and peft has no dropout there; leave dropout unset or set it to 0, or list "
-            "targetModules without the experts (e.g. [q_proj, k_proj, v_proj, o_proj])"
-        )
-    return 0.0
-
-
 def _lora_dropout(spec: FineTuneJobSpec, shape: ArchitectureShape, model: str) -> float:
     if str(spec.method.type) == "full":
         return 0.0
     lora = spec.method.lora_or_default
     fused = shape.num_experts > 1 and list(lora.target_modules) == ["all-linear"]
     where = f"{model}'s {shape.num_experts} experts' fused weights"
-    return resolve_lora_dropout(lora.dropout, where if fused else None)
+    try:
+        return resolve_lora_dropout(lora.dropout, where if fused else None)
+    except UnsupportedSetting as exc:
+        raise UnsupportedSettingError(str(exc)) from None
 
 
 def workload_from_spec(spec: FineTuneJobSpec) -> Workload:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
-from typing import Any
 
+from ..api.pod_contract import NOT_RETRIED, TerminationReason, TrainingSummary, is_out_of_memory_text, reason_of_line
 from .observed import Termination
 
 PLANNED = "Planned"
@@ -28,34 +27,23 @@ NOT_RUNNING = "NotRunning"
 GANG_RESTART = "GangRestart"
 EXPIRED = "TTLExpired"
 
-_OOM = re.compile(
-    r"^OutOfMemory:|out of memory|OutOfMemoryError|OOMKilled|\bOOM\b|can(no|')t allocate memory|std::bad_alloc",
-    re.IGNORECASE | re.MULTILINE,
-)
-
-
 def is_out_of_memory(term: Termination) -> bool:
     """OOM, per the trainer's root cause (`OutOfMemory: ...`) or the kubelet (`OOMKilled`).
 
     Exit 137 alone is a SIGKILL from anyone (the memory killer, an eviction, a person);
     when it was the memory killer the kubelet says OOMKilled.
     """
-    return term.reason == "OOMKilled" or bool(_OOM.search(term.message))
-
-
-NOT_RETRIED = ("ConfigError", "DataError")
-"""The trainer's root causes that a restart cannot change: the job's own input is wrong
-(an unreadable or impossible setting, a malformed record under `dataset.onMalformedLine: Fail`)."""
+    return term.reason == "OOMKilled" or is_out_of_memory_text(term.message)
 
 
 def _first_line(term: Termination) -> str:
     return next((line.strip() for line in term.message.splitlines() if line.strip()), "")
 
 
-def not_retried(term: Termination) -> str | None:
+def not_retried(term: Termination) -> TerminationReason | None:
     """The trainer's reason when the failure would repeat on every gang restart, else None."""
-    first = _first_line(term)
-    return next((reason for reason in NOT_RETRIED if first.startswith(reason + ":")), None)
+    reason = reason_of_line(_first_line(term))
+    return reason if reason in NOT_RETRIED else None
 
 
 def root_cause(term: Termination, pod: str) -> str:
@@ -72,10 +60,6 @@ def root_cause(term: Termination, pod: str) -> str:
     return f"{pod} exited with code {term.exit_code}{reason}{detail}"
 
 
-def summary_of(term: Termination) -> dict[str, Any]:
-    """The trainer's JSON summary from a successful rank's termination message."""
-    try:
-        parsed = json.loads(term.message)
-    except ValueError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
+def summary_of(term: Termination) -> TrainingSummary | None:
+    """The trainer's summary from a successful rank's termination message, if it is one."""
+    return TrainingSummary.from_message(term.message)

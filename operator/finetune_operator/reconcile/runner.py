@@ -26,6 +26,7 @@ from ..plan.errors import PlanningError
 from ..render.manifests import gang_hash, render_all
 from ..render.options import RenderOptions
 from . import metrics
+from . import reasons as R
 from .cluster_io import ClusterIO, Conflict, status_patch
 from .lifecycle import Decision, Event, PlanFailed, decide
 from .observed import Observed
@@ -237,9 +238,9 @@ class Reconciler:
 
     @staticmethod
     def _count(namespace: str, event: Event) -> None:
-        if event.reason in ("RankFailed", "OutOfMemoryReplanned"):
+        if event.reason in (R.RANK_FAILED, R.REPLANNED):
             metrics.RESTARTS.labels(namespace).inc()
-        if event.reason == "OutOfMemoryReplanned":
+        if event.reason == R.REPLANNED:
             metrics.REPLANS.labels("OutOfMemory").inc()
 
 

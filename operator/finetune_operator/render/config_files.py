@@ -10,14 +10,21 @@ from __future__ import annotations
 import json
 
 from ..api.job import FineTuneJob
+from ..api.pod_contract import CONFIG_DIR, DEEPSPEED_FILE, HOSTFILE, JOB_FILE, PLAN_FILE
 from ..api.status import PlanStatus
 from .deepspeed_config import deepspeed_config
 
-CONFIG_DIR = "/etc/ftjob"
-JOB_FILE = "job.json"
-PLAN_FILE = "plan.json"
-DEEPSPEED_FILE = "deepspeed.json"
-HOSTFILE = "hostfile"
+__all__ = [
+    "CONFIG_DIR",
+    "DEEPSPEED_FILE",
+    "HOSTFILE",
+    "JOB_FILE",
+    "PLAN_FILE",
+    "cluster_hostfile",
+    "config_files",
+    "rank_host",
+    "workers_service_name",
+]
 
 
 def workers_service_name(job: FineTuneJob) -> str:

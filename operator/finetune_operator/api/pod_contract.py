@@ -1,0 +1,139 @@
+"""The contract between the operator and its trainer pods, typed once for both sides.
+
+The operator writes a config directory into every pod and reads back what a finished
+container left in its termination message; the trainer does the opposite. Both sides
+import the names and models from here, so a renamed file, reason or field fails
+`mypy --strict` or a unit test instead of a cluster run:
+
+- the config files a pod receives (`CONFIG_DIR`, `JOB_FILE`, ...);
+- the one-line root cause of a failed run (`TerminationReason`), which of them the
+  operator does not retry, and the one out-of-memory pattern both sides recognise;
+- the JSON summary of a successful run (`TrainingSummary`), which becomes `status.result`;
+- the checkpoint state the trainer resumes from (`CheckpointState`).
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field, ValidationError
+
+from .base import ApiModel
+from .status import Result
+
+CONFIG_DIR = "/etc/ftjob"
+JOB_FILE = "job.json"
+PLAN_FILE = "plan.json"
+DEEPSPEED_FILE = "deepspeed.json"
+HOSTFILE = "hostfile"
+
+
+class TerminationReason(StrEnum):
+    """The first word of a failed trainer's termination message: `<Reason>: <message>`."""
+
+    OUT_OF_MEMORY = "OutOfMemory"
+    DATA_ERROR = "DataError"
+    DATA_UNAVAILABLE = "DataUnavailable"
+    MODEL_NOT_FOUND = "ModelNotFound"
+    CONFIG_ERROR = "ConfigError"
+    TRAINING_ERROR = "TrainingError"
+    TERMINATED = "Terminated"
+    RANK_KILLED = "RankKilled"
+
+
+NOT_RETRIED = frozenset({TerminationReason.CONFIG_ERROR, TerminationReason.DATA_ERROR})
+"""Root causes a gang restart cannot change: the job's own input is wrong (an unreadable or
+impossible setting, a malformed record under `dataset.onMalformedLine: Fail`)."""
+
+OUT_OF_MEMORY_PATTERN = re.compile(
+    r"out of memory|OutOfMemory|can(no|')t allocate memory|std::bad_alloc|CUBLAS_STATUS_ALLOC_FAILED|OOMKilled|\bOOM\b",
+    re.IGNORECASE,
+)
+"""Allocator failures of CUDA, cuBLAS, the host (C++ and libc) and the kubelet's OOMKilled."""
+
+MAX_MESSAGE_LINE = 1000
+"""Longest root-cause line a trainer writes (the kubelet keeps 4096 bytes of the message)."""
+
+
+def is_out_of_memory_text(text: str) -> bool:
+    return bool(OUT_OF_MEMORY_PATTERN.search(text))
+
+
+def reason_of_line(line: str) -> TerminationReason | None:
+    """The trainer's reason a root-cause line starts with, or None (not one of ours)."""
+    head, sep, _ = line.strip().partition(":")
+    if not sep:
+        return None
+    try:
+        return TerminationReason(head)
+    except ValueError:
+        return None
+
+
+class TrainingSummary(ApiModel):
+    """What a successful run reports: the trainer writes it (termination message and completion
+    marker), the operator copies it into `status.result`. Keys a newer trainer adds are
+    ignored by an older operator, so the two can be upgraded separately."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    steps: Annotated[int, Field(ge=0)]
+    tokens: Annotated[int, Field(ge=0)]
+    final_loss: float | None = None
+    samples: Annotated[int, Field(ge=0)] = 0
+    adapter_uri: str | None = None
+    model_uri: str | None = None
+    merged_model_uri: str | None = None
+    wall_seconds: float | None = None
+    eval_loss: float | None = None
+    eval_loss_before: float | None = None
+    exact_match: float | None = None
+    exact_match_before: float | None = None
+    skipped_records: Annotated[int, Field(ge=0)] = 0
+
+    @classmethod
+    def from_message(cls, text: str) -> TrainingSummary | None:
+        """Parse a termination message; None when it is not a summary (a foreign or failed pod)."""
+        try:
+            return cls.model_validate_json(text, strict=False)
+        except ValidationError:
+            return None
+
+    def to_message(self) -> str:
+        return self.model_dump_json(by_alias=True, exclude_none=True)
+
+    def to_result(self) -> Result:
+        return Result(
+            adapter_uri=self.adapter_uri or self.model_uri,
+            merged_model_uri=self.merged_model_uri,
+            final_loss=self.final_loss,
+            eval_loss=self.eval_loss,
+            eval_loss_before=self.eval_loss_before,
+            exact_match=self.exact_match,
+            exact_match_before=self.exact_match_before,
+            skipped_records=self.skipped_records,
+            steps=self.steps,
+            tokens=self.tokens,
+            wall_seconds=self.wall_seconds,
+        )
+
+
+class CheckpointState(ApiModel):
+    """`trainer_state.json` of a checkpoint: where training resumes. Checkpoints written
+    before these names were typed used the snake_case field names, which still parse."""
+
+    global_step: Annotated[int, Field(ge=0)]
+    tokens: Annotated[int, Field(ge=0)] = 0
+    samples: Annotated[int, Field(ge=0)] = 0
+    last_loss: float | None = None
+    eval_before: dict[str, Any] | None = None
+    data_position: dict[str, Any] | None = None
+
+    def to_file(self) -> str:
+        return self.model_dump_json(by_alias=True, indent=2) + "\n"
+
+    @classmethod
+    def from_file(cls, text: str) -> CheckpointState:
+        return cls.model_validate_json(text, strict=False)

@@ -1,0 +1,87 @@
+"""A rank failed: restart the whole gang from the last checkpoint, counted once against
+`failurePolicy.backoffLimit` (a fingerprint of the failed container run identifies it, so an
+operator restart neither loses nor double-counts it). An out-of-memory error re-plans to the
+next more frugal strategy; a root cause a restart cannot change fails the job at once."""
+
+from __future__ import annotations
+
+from ...api.spec import OomAction
+from ...api.status import ConditionType, LastFailure, PlanStatus
+from .. import reasons as R
+from ..observed import PodView, Termination
+from .context import Context, Decision, StatusBuilder, describe_plan
+
+
+def _first_failure(pods: tuple[PodView, ...]) -> tuple[PodView, Termination] | None:
+    for pod in pods:
+        term = pod.failure
+        if term is not None:
+            return pod, term
+    return None
+
+
+def _handle(
+    ctx: Context, b: StatusBuilder, pod: PodView, term: Termination, plan: PlanStatus
+) -> tuple[PlanStatus, bool]:
+    """Count the failure once; returns the plan to run and whether to restart the gang."""
+    fingerprint = pod.fingerprint(term)
+    last = b.status.last_failure
+    if last is not None and last.fingerprint == fingerprint:
+        return plan, True  # already counted; the deletion may not have happened yet
+    cause = R.root_cause(term, pod.name)
+    oom = R.is_out_of_memory(term)
+    b.update(
+        last_failure=LastFailure(
+            reason=R.OUT_OF_MEMORY if oom else R.RANK_FAILED,
+            message=cause,
+            rank=pod.ordinal,
+            exit_code=term.exit_code,
+            time=b.now,
+            fingerprint=fingerprint,
+        )
+    )
+    policy = ctx.job.spec.failure_policy
+    permanent = R.not_retried(term)
+    if permanent is not None:
+        b.fail(permanent, f"{cause}; not retried: a restart would fail the same way (fix it in a new job)")
+        return plan, False
+    if b.status.restarts >= policy.backoff_limit:
+        b.fail(R.BACKOFF_EXCEEDED, f"{b.status.restarts} restarts used of {policy.backoff_limit}; last: {cause}")
+        return plan, False
+    if oom and policy.on_out_of_memory == OomAction.REPLAN:
+        frugal = ctx.replanner(ctx.job.spec, plan)
+        if frugal is None:
+            b.fail(R.OUT_OF_MEMORY, f"{cause}; no more memory-frugal strategy is left to try")
+            return plan, False
+        why = f"{cause}; re-planned from {describe_plan(plan)} to {describe_plan(frugal)}"
+        frugal = frugal.model_copy(update={"replans": plan.replans + 1, "replan_reason": why})
+        b.update(restarts=b.status.restarts + 1)
+        b.cond(ConditionType.RESTARTING, True, R.REPLANNED, why, warn=True)
+        return frugal, True
+    if oom:
+        b.fail(R.OUT_OF_MEMORY, f"{cause}; failurePolicy.onOutOfMemory is Fail")
+        return plan, False
+    b.update(restarts=b.status.restarts + 1)
+    b.cond(
+        ConditionType.RESTARTING,
+        True,
+        R.RANK_FAILED,
+        f"gang restart {b.status.restarts}/{policy.backoff_limit} from the last checkpoint: {cause}",
+        warn=True,
+    )
+    return plan, True
+
+
+def decide(ctx: Context) -> Decision | None:
+    failed = _first_failure(ctx.pods)
+    if failed is None or ctx.plan is None:
+        return None
+    b, decision = ctx.status, ctx.workers_decision
+    plan, restart = _handle(ctx, b, failed[0], failed[1], ctx.plan)
+    b.update(plan=plan)
+    decision.plan, decision.delete_pods = plan, restart
+    if restart:
+        b.cond(ConditionType.RUNNING, False, R.GANG_RESTART, "restarting all ranks together")
+    else:
+        decision.replicas = 0
+    return decision

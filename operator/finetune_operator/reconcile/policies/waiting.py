@@ -1,0 +1,21 @@
+"""Running, or waiting for workers: every rank of the gang ready is `Running` (and the end of a
+restart, announced); anything less says how many are ready and why the first stuck one waits."""
+
+from __future__ import annotations
+
+from ...api.status import ConditionType
+from .. import reasons as R
+from ..conditions import is_true
+from .context import Context, Decision
+
+
+def decide(ctx: Context) -> Decision | None:
+    b, nodes, ready = ctx.status, ctx.nodes, ctx.ready
+    if len(ctx.pods) == nodes and ready == nodes:
+        b.cond(ConditionType.RUNNING, True, R.ALL_RUNNING, f"{nodes} of {nodes} workers running")
+        if is_true(b.status.conditions, ConditionType.RESTARTING):
+            b.cond(ConditionType.RESTARTING, False, R.RECOVERED, "all ranks are back", announce=True)
+    else:
+        stuck = next((f"; {p.name}: {p.unschedulable}" for p in ctx.pods if p.unschedulable), "")
+        b.cond(ConditionType.RUNNING, False, R.WAITING, f"{ready} of {nodes} workers ready{stuck}")
+    return ctx.workers_decision
