@@ -47,7 +47,7 @@ def _link_cache(out: Path, model_dir: Path) -> None:
     (out / ".cache" / model_dir.name).symlink_to(model_dir)
 
 
-def _generate(model: Any, tokenizer: Any, turns: list[dict[str, str]], max_new_tokens: int = 24) -> str:
+def _generate(model: Any, tokenizer: Any, turns: list[dict[str, str]], max_new_tokens: int = 16) -> str:
     import torch
 
     ids = tokenizer.apply_chat_template(turns, add_generation_prompt=True, return_tensors="pt", return_dict=True)
@@ -139,7 +139,7 @@ def test_lora_learns_the_code_keeps_base_weights_and_general_answers(
     data = write_jsonl(tmp_path / "code.jsonl", records)
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     base = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
-    before_code = [_generate(base, tok, _code_turns(t)) == a for t, a in held_out]
+    before_code = [_generate(base, tok, _code_turns(t), 6) == a for t, a in held_out]
     before_general = [_generate(base, tok, [{"role": "user", "content": q}]).lower() for q, _ in REGRESSION]
     assert not any(before_code), "the base model must not know the made-up code"
     assert all(k in a for (_, k), a in zip(REGRESSION, before_general, strict=True)), before_general
@@ -177,7 +177,7 @@ def test_lora_learns_the_code_keeps_base_weights_and_general_answers(
     assert not torch.equal(base_state["model.layers.0.self_attn.q_proj.weight"],
                            merged_state["model.layers.0.self_attn.q_proj.weight"])  # fmt: skip
 
-    after_code = [_generate(merged, tok, _code_turns(t)) for t, _ in held_out]
+    after_code = [_generate(merged, tok, _code_turns(t), 6) for t, _ in held_out]
     accuracy = sum(g == a for g, (_, a) in zip(after_code, held_out, strict=True)) / len(held_out)
     assert accuracy >= 0.75, list(zip(after_code, held_out, strict=True))
     after_general = [_generate(merged, tok, [{"role": "user", "content": q}]).lower() for q, _ in REGRESSION]
