@@ -27,6 +27,8 @@ def main() -> None:
     parser.add_argument("--packing", action="store_true")
     parser.add_argument("--lora-r", type=int, default=16)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--eval-data", help="JSONL of held-out prompt/completion records: eval loss and exact match")
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--local_rank", type=int, default=0)
     args = parser.parse_args()
 
@@ -46,7 +48,7 @@ def main() -> None:
         max_steps=args.steps,
         per_device_train_batch_size=args.micro,
         gradient_accumulation_steps=args.accumulation,
-        learning_rate=1e-3,
+        learning_rate=args.learning_rate,
         lr_scheduler_type="cosine",
         warmup_steps=max(1, args.steps // 20),
         logging_steps=args.steps,
@@ -92,20 +94,48 @@ def main() -> None:
     began = time.perf_counter()
     result = trainer.train()
     seconds = time.perf_counter() - began
-    if int(os.environ.get("RANK", "0")) == 0 or True:
-        print(
-            "TRL_RESULT "
-            + json.dumps(
-                {
-                    "rank": int(os.environ.get("RANK", "0")),
-                    "tokens": counted["tokens"],
-                    "seconds": seconds,
-                    "train_runtime": result.metrics.get("train_runtime"),
-                    "loss": result.metrics.get("train_loss"),
-                }
-            ),
-            flush=True,
-        )
+    quality = evaluate(trainer.model, tokenizer, args.eval_data) if args.eval_data else {}
+    print(
+        "TRL_RESULT "
+        + json.dumps(
+            {
+                "rank": int(os.environ.get("RANK", "0")),
+                "tokens": counted["tokens"],
+                "seconds": seconds,
+                "train_runtime": result.metrics.get("train_runtime"),
+                "loss": result.metrics.get("train_loss"),
+                **quality,
+            }
+        ),
+        flush=True,
+    )
+
+
+def evaluate(model: Any, tokenizer: Any, path: str) -> dict[str, float]:
+    """Token-weighted loss on the completions and greedy exact match, as `ftjob run` measures them.
+
+    Every rank evaluates all records (ZeRO-2 keeps full weights on each rank); the cost is
+    outside the timed training.
+    """
+    import torch
+
+    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    model.eval()
+    total = count = correct = 0.0
+    eos = tokenizer.eos_token_id
+    with torch.no_grad():
+        for r in records:
+            prompt = tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
+            answer = tokenizer(r["completion"], add_special_tokens=False)["input_ids"] + [eos]
+            ids = torch.tensor([prompt + answer])
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+            total += float(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt) :], reduction="sum"))
+            count += len(answer)
+            out = model.generate(input_ids=ids[:, : len(prompt)], max_new_tokens=len(answer) + 1, do_sample=False)
+            new = out[0, len(prompt) :].tolist()
+            new = new[: new.index(eos)] if eos in new else new
+            correct += float(tokenizer.decode(new, skip_special_tokens=True).strip() == r["completion"].strip())
+    return {"eval_loss": total / count, "exact_match": correct / len(records)}
 
 
 if __name__ == "__main__":

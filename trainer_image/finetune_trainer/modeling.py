@@ -142,8 +142,9 @@ def _lora_config(spec: FineTuneJobSpec, model: Any) -> Any:
     lora = spec.method.lora_or_default
     targets: Any = "all-linear" if list(lora.target_modules) == ["all-linear"] else list(lora.target_modules)
     extra: dict[str, Any] = {}
-    if builtin.is_builtin(spec.model.uri):
+    if builtin.is_builtin(spec.model.uri) and builtin.builtin_name(spec.model.uri) == builtin.TINY_LLAMA:
         # A random base has no useful embeddings to keep frozen; the demo trains them.
+        # (A pretrained built-in keeps its embeddings frozen like any real model.)
         extra["modules_to_save"] = ["embed_tokens", "lm_head"]
     return LoraConfig(
         r=lora.r,

