@@ -173,6 +173,7 @@ def _result(term: Termination) -> Result:
         skipped_records=int(skipped) if skipped is not None else None,
         steps=int(steps) if steps is not None else None,
         tokens=int(tokens) if tokens is not None else None,
+        trained_tokens=int(trained) if (trained := num("trainedTokens")) is not None else None,
         wall_seconds=num("wallSeconds", "wall_seconds"),
     )
 
