@@ -153,6 +153,7 @@ def test_packing_restarts_positions_and_never_splits_samples() -> None:
         assert batch["labels"][0, start].item() == IGNORE_INDEX
         start += length
     assert batch["useful_tokens"] == 23 and batch["samples"] == 5
+    assert batch["trained_tokens"] == 23 - 5  # every sample's first token is nobody's target
 
 
 def test_packed_mask_is_block_diagonal_causal() -> None:
@@ -174,6 +175,7 @@ def test_unpacked_batches_are_right_padded_with_2d_mask() -> None:
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
     assert batch["labels"][1, 2:].tolist() == [IGNORE_INDEX, IGNORE_INDEX]
     assert batch["useful_tokens"] == 6
+    assert batch["trained_tokens"] == 4
 
 
 def test_sampler_is_a_pure_function_of_the_step_and_disjoint_across_ranks() -> None:
@@ -317,3 +319,23 @@ def test_a_cached_conversion_with_another_checksum_is_not_reused(tmp_path: Path)
 def test_unknown_builtin_model_names_the_known_ones(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="smollm2-135m-instruct"):
         builtin.materialise_model("nope", tmp_path, 0)
+
+
+def test_the_missing_kernels_package_warning_of_bitsandbytes_is_dropped_and_nothing_else(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import logging
+
+    from finetune_trainer.worker import _setup_logging
+
+    _setup_logging(0)  # what every rank does first (its handler writes to stdout)
+    bnb = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    text = "Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please `pip install kernels`"
+    missing = ModuleNotFoundError("No module named 'kernels'", name="kernels")
+    bnb.warning(text, missing)  # exactly what bitsandbytes logs at import on an AVX512-BF16 CPU
+    bnb.warning(text, RuntimeError("kernels 0.10 is too old"))
+    bnb.warning("something else: %s", missing)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2, lines
+    assert "kernels-community: kernels 0.10 is too old" in lines[0]
+    assert "something else: No module named 'kernels'" in lines[1]

@@ -87,3 +87,30 @@ def test_skip_policy_counts_malformed_lines(tmp_path: Path, tiny_model_dir: Path
     run = launch(render_config(tmp_path / "config", manifest), tmp_path / "out")
     assert run.wait(160) == 0, run.log()[-3000:]
     assert run.summary()["skippedRecords"] == 2
+
+
+@pytest.mark.timeout(240)
+def test_a_separate_validation_file_is_the_eval_set_and_trained_tokens_are_counted(
+    tmp_path: Path, tiny_model_dir: Path, reverse_jsonl: Path, launch: Callable[..., Run]
+) -> None:
+    from finetune_trainer.builtin import reverse_words_records
+
+    held_out = [{k: r[k] for k in ("instruction", "input", "output")} for r in reverse_words_records(16, seed=99)]
+    val_file = tmp_path / "held-out.json"  # a JSON array: another format than the training JSONL
+    val_file.write_text(json.dumps(held_out))
+    manifest = job_manifest(
+        str(tiny_model_dir),
+        str(reverse_jsonl),
+        "/out",
+        resources=ONE_RANK,
+        dataset={"validationUri": str(val_file)},
+        training={"maxSteps": 2, "globalBatchSize": 2, "warmupSteps": 2},
+    )
+    del manifest["spec"]["dataset"]["validationSplit"], manifest["spec"]["training"]["warmupRatio"]
+    run = launch(render_config(tmp_path / "config", manifest), tmp_path / "out")
+    assert run.wait(200) == 0, run.log()[-3000:]
+    summary = run.summary()
+    assert summary["evalLoss"] is not None and summary["evalLossBefore"] is not None
+    assert 0 < summary["trainedTokens"] < summary["tokens"]  # the prompts are not trained on
+    lrs = [e["lr"] for e in run.train_log() if "lr" in e]
+    assert lrs == pytest.approx([0.0005, 0.001])  # two warmup steps: half, then full learning rate

@@ -58,6 +58,16 @@ def test_wire_round_trip_is_exact() -> None:
         ({"training": {"microBatchSize": 0}}, "spec.training.microBatchSize: must be auto or an integer"),
         ({"training": {"epochs": 1, "maxSteps": 5}}, "spec.training.maxSteps: set epochs or maxSteps, not both"),
         (
+            {"training": {"warmupRatio": 0.1, "warmupSteps": 5}},
+            "spec.training.warmupSteps: set warmupRatio or warmupSteps, not both",
+        ),
+        ({"training": {"warmupSteps": -1}}, "spec.training.warmupSteps: must be >= 0"),
+        (
+            {"dataset": {"validationSplit": 0.1, "validationUri": "pvc://data/val.jsonl"}},
+            "spec.dataset.validationUri: set validationSplit or validationUri, not both",
+        ),
+        ({"dataset": {"validationUri": "not a uri"}}, "spec.dataset.validationUri: invalid value 'not a uri'"),
+        (
             {"training": {"globalBatchSize": 10, "microBatchSize": 4}},
             "spec.training.globalBatchSize: must be a multiple",
         ),
@@ -167,3 +177,32 @@ def test_bad_names_are_rejected(name: str) -> None:
     with pytest.raises(ValidationError) as info:
         FineTuneJob.from_manifest(doc)
     assert any(line.startswith("metadata.name:") for line in describe(info.value, FineTuneJob))
+
+
+@pytest.mark.parametrize(
+    ("training", "total", "expected"),
+    [
+        ({"warmupRatio": 0.1667}, 60, 10),  # 10.002 rounds to 10, not up to 11
+        ({"warmupRatio": 0.175}, 60, 11),  # 10.5 rounds half up
+        ({"warmupRatio": 0.0}, 60, 0),
+        ({}, 200, 6),  # the default ratio 0.03
+        ({"warmupSteps": 7}, 60, 7),
+        ({"warmupSteps": 100}, 60, 60),  # never more than the run
+    ],
+)
+def test_warmup_steps_from_a_ratio_round_to_nearest_or_are_given(
+    training: dict[str, Any], total: int, expected: int
+) -> None:
+    assert make_job(training=training).spec.training.warmup_steps_of(total) == expected
+
+
+@pytest.mark.parametrize(
+    ("dataset", "fraction"),
+    [
+        ({}, 0.05),
+        ({"validationSplit": 0.2}, 0.2),
+        ({"validationUri": "pvc://data/val.jsonl"}, 0.0),  # a separate eval set: train on every record
+    ],
+)
+def test_held_out_fraction(dataset: dict[str, Any], fraction: float) -> None:
+    assert make_job(dataset=dataset).spec.dataset.held_out_fraction == fraction

@@ -73,3 +73,22 @@ def test_planner_imports_no_torch_or_kubernetes() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+CPU_JOB = {
+    "model": {"uri": "builtin://tiny-llama"},
+    "dataset": {"uri": "builtin://reverse-words", "maxSeqLength": 64},
+    "resources": {"numNodes": 2, "gpusPerNode": 0},
+}
+
+
+def test_a_cpu_job_is_described_in_cpu_words(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_job(tmp_path, **CPU_JOB)
+    assert main(["plan", path]) == 0
+    plan_out = capsys.readouterr().out
+    assert "2 CPU rank(s); GiB per CPU rank" in plan_out.splitlines()[0]
+    assert "usable per CPU rank on 2 CPU ranks (budget from resources.gpuMemory 80.0 GiB)" in plan_out
+    assert main(["validate", path]) == 0
+    validate_out = capsys.readouterr().out
+    assert "valid (lora, builtin://tiny-llama, 2 pods × 1 CPU rank)" in validate_out
+    assert "GPU" not in validate_out + plan_out.replace("resources.gpuMemory", "")

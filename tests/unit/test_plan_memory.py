@@ -155,3 +155,34 @@ def test_optimizer_offload_moves_states_to_the_host() -> None:
     gpus_per_node = w.ranks_per_node
     moved = on_gpu.breakdown["optimizer_states"] * gpus_per_node
     assert offloaded.host_bytes_per_node - on_gpu.host_bytes_per_node >= moved
+
+
+def _tiny_cpu(**spec: Any) -> Workload:
+    base: dict[str, Any] = {
+        "model": {"uri": "builtin://tiny-llama"},
+        "dataset": {"uri": "builtin://reverse-words", "maxSeqLength": 512},
+        "method": {"type": "lora"},
+        "training": {"precision": "bf16"},
+        "resources": {"numNodes": 2, "gpusPerNode": 0},
+    }
+    for key, value in spec.items():
+        base[key] = {**base[key], **value}
+    return workload_from_spec(make_job(**base).spec)
+
+
+def test_a_cpu_rank_is_planned_in_fp32_whatever_the_precision() -> None:
+    cpu = _tiny_cpu()
+    gpu = _tiny_cpu(resources={"gpusPerNode": 1})
+    assert (cpu.param_bytes, cpu.mixed_precision, cpu.on_cpu) == (4, False, True)
+    assert (gpu.param_bytes, gpu.mixed_precision, gpu.on_cpu) == (2, True, False)
+
+
+def test_packing_on_cpu_adds_the_block_diagonal_mask_and_nothing_on_gpu() -> None:
+    micro, seq = 8, 512
+    off = activation_bytes(_tiny_cpu(), micro, checkpointing=False)
+    on = activation_bytes(_tiny_cpu(dataset={"packing": True}), micro, checkpointing=False)
+    assert on.logits == off.logits
+    assert on.activations - off.activations == 16 * micro * seq * seq
+    gpu_off = activation_bytes(_tiny_cpu(resources={"gpusPerNode": 1}), micro, checkpointing=False)
+    gpu_on = activation_bytes(_tiny_cpu(resources={"gpusPerNode": 1}, dataset={"packing": True}), micro, False)
+    assert gpu_on == gpu_off  # flash-attention's varlen kernel: position ids, no mask

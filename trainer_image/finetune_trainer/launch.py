@@ -25,7 +25,7 @@ from typing import Any
 
 from finetune_operator.api.pod_contract import TrainingSummary
 
-from . import outcome, shm_segments
+from . import outcome, process_tree, shm_segments
 from .paths import completion_marker
 from .prefetch import prefetch
 from .settings import ConfigError, JobConfig, env_int, load_config
@@ -138,31 +138,37 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
     with tempfile.TemporaryDirectory(prefix="ftjob-run-") as tmp:
         state_dir = Path(tmp)
         cmd = launcher_command(cfg, node_rank, master_addr, master_port)
+        started = time.time()
         proc = subprocess.Popen(cmd, env=_rank_env(state_dir, progress))
         terminated = {"signal": 0}
+        signalled: list[Any] = []
 
         def _forward(signum: int, frame: FrameType | None) -> None:
+            # the runner dies on SIGTERM without passing it on: signal its whole tree, while it is whole
             terminated["signal"] = signum
-            proc.send_signal(signal.SIGTERM)
+            signalled.extend(process_tree.terminate(proc.pid))
 
         old = {s: signal.signal(s, _forward) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             returncode = proc.wait()
+            killed = process_tree.finish(signalled) if signalled else []
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
-            shm_segments.sweep(master_addr, master_port)
-        return _conclude(state_dir, returncode, node_rank, terminated["signal"])
+            shm_segments.sweep(master_addr, master_port, created_since=started)
+        return _conclude(state_dir, returncode, node_rank, terminated["signal"], killed)
 
 
-def _conclude(state_dir: Path, returncode: int, node_rank: int, signum: int) -> Result:
+def _conclude(state_dir: Path, returncode: int, node_rank: int, signum: int, killed: list[int]) -> Result:
     summary_file = state_dir / outcome.SUMMARY_FILE
     if returncode == 0 and summary_file.exists():
         summary = outcome.read_summary(summary_file)
         outcome.write_summary(summary)
         return Result(0, _wire(summary), "succeeded")
     if signum:
-        message = f"{outcome.TERMINATED}: received {signal.Signals(signum).name}; ranks stopped"
+        forced = f" ({len(killed)} of them SIGKILLed after the grace period)" if killed else ""
+        name = signal.Signals(signum).name
+        message = f"{outcome.TERMINATED}: received {name}; the launcher and every rank stopped{forced}"
         outcome.write_termination(message)
         return Result(128 + signum, None, message)
     found = outcome.root_cause(state_dir, node_rank)

@@ -113,7 +113,7 @@ class Trainer:
             optimizer = torch.optim.AdamW(
                 params, lr=spec.training.learning_rate, weight_decay=spec.training.weight_decay
             )
-        warmup = math.ceil(spec.training.warmup_ratio * self.total_steps)
+        warmup = spec.training.warmup_steps_of(self.total_steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda(str(spec.training.lr_schedule), warmup, self.total_steps)
         )
@@ -148,12 +148,24 @@ class Trainer:
             spec.dataset.max_seq_length,
             skip_malformed=spec.dataset.on_malformed_line == MalformedLinePolicy.SKIP,
         )
-        self.skipped = data.malformed
-        if data.malformed and self.dist.rank == 0:
-            log.warning("skipped %d malformed records; first: %s", data.malformed, data.first_problem)
-        train_idx, val_idx = split_validation(len(data.samples), spec.dataset.validation_split, spec.training.seed)
+        held_out = data
+        if spec.dataset.validation_uri is not None:
+            held_out = load_samples(
+                spec.dataset.validation_uri,
+                str(spec.dataset.format),
+                self.tokenizer,
+                spec.dataset.max_seq_length,
+                skip_malformed=str(spec.dataset.on_malformed_line) == "Skip",
+            )
+        self.skipped = data.malformed + (held_out.malformed if held_out is not data else 0)
+        for loaded in {id(data): data, id(held_out): held_out}.values():
+            if loaded.malformed and self.dist.rank == 0:
+                log.warning("skipped %d malformed records; first: %s", loaded.malformed, loaded.first_problem)
+        train_idx, val_idx = split_validation(len(data.samples), spec.dataset.held_out_fraction, spec.training.seed)
+        if held_out is not data:
+            val_idx = list(range(len(held_out.samples)))
         train = [data.samples[i] for i in train_idx]
-        val = [data.samples[i] for i in val_idx]
+        val = [held_out.samples[i] for i in val_idx]
         max_len = spec.dataset.max_seq_length
         self.rows: list[Row] = pack(train, max_len) if spec.dataset.packing else unpacked(train)
         self.val_rows: list[Row] = unpacked(val)
@@ -162,7 +174,7 @@ class Trainer:
         self.demo_answers: list[str] = []
         if builtin.is_builtin(spec.dataset.uri):
             for i in val_idx[:EXACT_MATCH_LIMIT]:
-                prompt, answer = self._prompt(data.records[i])
+                prompt, answer = self._prompt(held_out.records[i])
                 self.demo_prompts.append(prompt)
                 self.demo_answers.append(answer)
         plan = self.plan
@@ -249,6 +261,7 @@ class Trainer:
             before = self.evaluate()
             self._record({"step": 0, "eval": before})
         tokens = int(state.get("tokens", 0))
+        trained_tokens = int(state.get("trainedTokens", 0))
         samples = int(state.get("samples", 0))
         last_loss = state.get("last_loss")
         last_eval: dict[str, Any] | None = None
@@ -266,7 +279,7 @@ class Trainer:
             began = time.perf_counter()
             wait = 0.0
             loss_sum = 0.0
-            step_tokens = step_samples = 0
+            step_tokens = step_samples = step_trained = 0
             micro = self.sampler.micro_batches(step, rank)
             lr = float(self.engine.get_lr()[0])
             for indices in micro:
@@ -280,9 +293,13 @@ class Trainer:
                 loss_sum += float(loss.detach())
                 step_tokens += batch["useful_tokens"]
                 step_samples += batch["samples"]
-            loss_mean, tok_all, samp_all = self.dist.sum([loss_sum / len(micro), step_tokens, step_samples])
+                step_trained += batch["trained_tokens"]
+            loss_mean, tok_all, samp_all, trained_all = self.dist.sum(
+                [loss_sum / len(micro), step_tokens, step_samples, step_trained]
+            )
             last_loss = loss_mean / self.dist.world
             tokens += int(tok_all)
+            trained_tokens += int(trained_all)
             samples += int(samp_all)
             grad_norm = self.engine.get_global_grad_norm()
             grad_norm = float(grad_norm) if grad_norm is not None else None
@@ -331,6 +348,7 @@ class Trainer:
                     {
                         "global_step": done,
                         "tokens": tokens,
+                        "trainedTokens": trained_tokens,
                         "samples": samples,
                         "last_loss": last_loss,
                         "eval_before": before,
@@ -341,7 +359,7 @@ class Trainer:
             bar.close()
         after = self.evaluate()
         self._record({"step": self.total_steps, "eval": after})
-        return self._finish(before, after, tokens, samples, last_loss)
+        return self._finish(before, after, last_loss, tokens=tokens, samples=samples, trained_tokens=trained_tokens)
 
     def _checkpoint(self, step: int, state: dict[str, Any]) -> None:
         t0 = time.perf_counter()
@@ -352,7 +370,14 @@ class Trainer:
             self.metrics.checkpoint_done(time.perf_counter() - t0)
 
     def _finish(
-        self, before: dict[str, Any], after: dict[str, Any], tokens: int, samples: int, last_loss: float | None
+        self,
+        before: dict[str, Any],
+        after: dict[str, Any],
+        last_loss: float | None,
+        *,
+        tokens: int,
+        samples: int,
+        trained_tokens: int,
     ) -> TrainingSummary:
         full = self.spec.method.type == MethodType.FULL
         target = self.out / ("model" if full else "adapter")
@@ -367,6 +392,7 @@ class Trainer:
             final_loss=last_loss,
             steps=self.total_steps,
             tokens=tokens,
+            trained_tokens=trained_tokens,
             samples=samples,
             adapter_uri=None if full else str(target),
             model_uri=str(target) if full else None,

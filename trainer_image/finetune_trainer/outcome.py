@@ -98,6 +98,11 @@ def write_rank_failure(state_dir: Path, rank: int, line: str) -> None:
     path.write_text(json.dumps({"time": time.time(), "rank": rank, "line": line}))
 
 
+def clear_rank_failure(state_dir: Path, rank: int) -> None:
+    """Withdraw a root cause written ahead of a step that could only end in `os._exit` (it passed)."""
+    (state_dir / f"failure-rank{rank}.json").unlink(missing_ok=True)
+
+
 _PEER_LOSS = re.compile(r"Connection closed by peer|Connection reset by peer|remote worker crash|aborted", re.I)
 
 

@@ -19,9 +19,11 @@ from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 
+from . import log_filters
+from .checkpoint import fault_point
 from .outcome import SUMMARY_FILE, StoppedBySignal, failure_line, mark_rank, write_rank_failure
 from .paths import completion_marker
-from .shm_segments import release_own
+from .shm_segments import bounded_setup, release_own, setup_seconds
 
 log = logging.getLogger("finetune_trainer")
 
@@ -34,6 +36,7 @@ def _setup_logging(rank: int) -> None:
         force=True,
     )
     logging.getLogger("finetune_trainer").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    log_filters.install()
 
 
 def _cpu_threads(local_world: int) -> None:
@@ -70,10 +73,20 @@ def run_rank(config_dir: str) -> int:
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
         minutes = float(os.environ.get("FTJOB_DIST_TIMEOUT_MINUTES", "30"))
-        deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(minutes=minutes))
-        if backend == "gloo":  # every rank has mapped its peers' shm segments once all are past init
-            torch.distributed.barrier()
+        timeout = timedelta(minutes=minutes)
+        if backend == "gloo":  # on CPU DeepSpeed sets up shared memory after the rendezvous: bound it
+            from deepspeed.comm.torch import build_shm_op
+
+            build_shm_op()  # loaded once (and JIT-built, or waited for, outside the bound below)
+            torch.distributed.init_process_group(backend, timeout=timeout)
+            fault_point("shm-setup", rank)
+            addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+            with bounded_setup(state_dir, rank, addr, port, setup_seconds()):
+                deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+            torch.distributed.barrier()  # every rank has mapped its peers' shm segments once all are past it
             release_own(rank)
+        else:
+            deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
         metrics = None
         if metrics_enabled():
             registry = new_registry()

@@ -81,6 +81,8 @@ class TrainingSummary(ApiModel):
 
     steps: Annotated[int, Field(ge=0)]
     tokens: Annotated[int, Field(ge=0)]
+    trained_tokens: Annotated[int, Field(ge=0)] | None = None
+    """Tokens whose labels were trained (responses only, without padding or prompts)."""
     final_loss: float | None = None
     samples: Annotated[int, Field(ge=0)] = 0
     adapter_uri: str | None = None
@@ -116,6 +118,7 @@ class TrainingSummary(ApiModel):
             skipped_records=self.skipped_records,
             steps=self.steps,
             tokens=self.tokens,
+            trained_tokens=self.trained_tokens,
             wall_seconds=self.wall_seconds,
         )
 

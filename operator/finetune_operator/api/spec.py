@@ -9,6 +9,7 @@ them too.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -46,6 +47,9 @@ URI_PATTERN = _uri_pattern(BUILTIN_MODELS)
 `file:///abs/path` or `/abs/path` (inside the container), or one of `BUILTIN_MODELS`."""
 DATASET_URI_PATTERN = _uri_pattern(BUILTIN_DATASETS)
 """Where a dataset lives: as `URI_PATTERN`, with `BUILTIN_DATASETS` as the built-in names."""
+
+DEFAULT_VALIDATION_SPLIT = 0.05
+DEFAULT_WARMUP_RATIO = 0.03
 
 OUTPUT_URI_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$"
 
@@ -166,7 +170,7 @@ class MalformedLinePolicy(StrEnum):
     SKIP = "Skip"
 
 
-class DatasetSpec(ApiModel):
+class DatasetSpec(RuledModel):
     """The training data."""
 
     uri: Annotated[str, Field(max_length=512, pattern=DATASET_URI_PATTERN)] = Field(
@@ -174,8 +178,15 @@ class DatasetSpec(ApiModel):
         "or a generated demo task: `builtin://reverse-words` or `builtin://secret-code`."
     )
     format: DatasetFormat = Field(default=DatasetFormat.ALPACA, description="Record layout.")
-    validation_split: Annotated[float, Field(ge=0.0, le=0.5)] = Field(
-        default=0.05, description="Fraction of records held out for evaluation (0 to 0.5)."
+    validation_split: Annotated[float, Field(ge=0.0, le=0.5)] | None = Field(
+        default=None,
+        description="Fraction of records held out for evaluation (0 to 0.5; default 0.05, "
+        "or 0 when validationUri is set).",
+    )
+    validation_uri: Annotated[str, Field(max_length=512, pattern=URI_PATTERN)] | None = Field(
+        default=None,
+        description="A held-out evaluation set in the same format as uri (any location uri accepts); "
+        "exclusive with validationSplit.",
     )
     max_seq_length: Annotated[int, Field(ge=16, le=131072)] = Field(
         default=2048, description="Tokens per sequence after truncation or packing."
@@ -185,6 +196,22 @@ class DatasetSpec(ApiModel):
         default=MalformedLinePolicy.FAIL,
         description="Fail on the first malformed record, or Skip it and count it in status.",
     )
+
+    __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (
+        CrossFieldRule(
+            cel="!(has(self.validationSplit) && has(self.validationUri))",
+            message="set validationSplit or validationUri, not both",
+            field_path=".validationUri",
+            check=lambda d: not (d.validation_split is not None and d.validation_uri is not None),
+        ),
+    )
+
+    @property
+    def held_out_fraction(self) -> float:
+        """The fraction of uri's records held out: none when a separate validation set is given."""
+        if self.validation_split is not None:
+            return self.validation_split
+        return 0.0 if self.validation_uri is not None else DEFAULT_VALIDATION_SPLIT
 
 
 class MethodType(StrEnum):
@@ -300,8 +327,13 @@ class TrainingSpec(RuledModel):
     )
     learning_rate: Annotated[float, Field(gt=0, le=1)] = Field(default=2.0e-4, description="Peak learning rate.")
     lr_schedule: LrSchedule = Field(default=LrSchedule.COSINE, description="Decay after warmup.")
-    warmup_ratio: Annotated[float, Field(ge=0, le=0.5)] = Field(
-        default=0.03, description="Fraction of steps spent warming up linearly."
+    warmup_ratio: Annotated[float, Field(ge=0, le=0.5)] | None = Field(
+        default=None,
+        description="Fraction of steps spent warming up linearly, rounded to the nearest step "
+        "(default 0.03 when warmupSteps is not set); exclusive with warmupSteps.",
+    )
+    warmup_steps: Annotated[int, Field(ge=0, le=10_000_000)] | None = Field(
+        default=None, description="Optimizer steps spent warming up linearly; exclusive with warmupRatio."
     )
     weight_decay: Annotated[float, Field(ge=0, le=1)] = Field(default=0.0, description="AdamW weight decay.")
     max_grad_norm: Annotated[float, Field(ge=0, le=1000)] = Field(
@@ -333,6 +365,12 @@ class TrainingSpec(RuledModel):
             check=lambda t: not (t.epochs is not None and t.max_steps is not None),
         ),
         CrossFieldRule(
+            cel="!(has(self.warmupRatio) && has(self.warmupSteps))",
+            message="set warmupRatio or warmupSteps, not both",
+            field_path=".warmupSteps",
+            check=lambda t: not (t.warmup_ratio is not None and t.warmup_steps is not None),
+        ),
+        CrossFieldRule(
             cel="!has(self.microBatchSize) || type(self.microBatchSize) == string "
             "|| (has(self.globalBatchSize) ? self.globalBatchSize : 32) % self.microBatchSize == 0",
             message="must be a multiple of microBatchSize",
@@ -340,6 +378,13 @@ class TrainingSpec(RuledModel):
             check=lambda t: t.micro_batch_size == "auto" or t.global_batch_size % t.micro_batch_size == 0,
         ),
     )
+
+    def warmup_steps_of(self, total_steps: int) -> int:
+        """Warmup steps for a run of `total_steps`: warmupSteps, or warmupRatio rounded to the nearest step."""
+        if self.warmup_steps is not None:
+            return min(self.warmup_steps, total_steps)
+        ratio = DEFAULT_WARMUP_RATIO if self.warmup_ratio is None else self.warmup_ratio
+        return math.floor(ratio * total_steps + 0.5)
 
     @field_validator("gradient_checkpointing", mode="before")
     @classmethod

@@ -116,6 +116,9 @@ class Result(ApiModel):
     skipped_records: Annotated[int, Field(ge=0)] | None = None
     steps: Annotated[int, Field(ge=0)] | None = None
     tokens: Annotated[int, Field(ge=0)] | None = None
+    trained_tokens: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="Tokens the loss was taken over (the responses), summed over all steps."
+    )
     wall_seconds: float | None = None
 
 

@@ -90,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{job.name}: {w.source.name} ({w.counts.total / 1e9:.2f}B params, "
             f"{w.counts.trainable / 1e6:.1f}M trainable), "
-            f"{w.method}, seq {w.seq_len}, global batch {w.global_batch}, {w.world_size} GPU(s); GiB per GPU"
-            + (" (activations traced)" if result.traced else "")
+            f"{w.method}, seq {w.seq_len}, global batch {w.global_batch}, {w.world_size} {w.device}(s); "
+            f"GiB per {w.device}" + (" (activations traced)" if result.traced else "")
         )
         print(_table(result, args.all))
         print(result.verdict)

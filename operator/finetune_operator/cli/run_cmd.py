@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         assert (config_dir / HOSTFILE).exists()
         result = train(config_dir, progress=not args.no_progress, idle_when_done=False)
     if result.summary is None:
-        print(f"failed: {result.message}", file=sys.stderr)
+        stopped = result.exit_code > 128  # a signal: the launcher and its ranks were stopped
+        print(f"{'stopped' if stopped else 'failed'}: {result.message}", file=sys.stderr)
         return result.exit_code
     if result.message == "already completed":
         print("the output folder holds a completed run (COMPLETED.json); nothing to do", file=sys.stderr)
@@ -72,7 +73,8 @@ def _format_summary(summary: dict[str, object]) -> str:
         return format(value, spec) if isinstance(value, (int, float)) else "n/a"
 
     lines = [
-        f"steps {summary.get('steps')}, tokens {summary.get('tokens')}, wall {num('wallSeconds', '.1f')} s",
+        f"steps {summary.get('steps')}, tokens {summary.get('tokens')} "
+        f"({summary.get('trainedTokens', 'n/a')} trained), wall {num('wallSeconds', '.1f')} s",
         f"train loss (last step) {num('finalLoss', '.4f')}",
         f"eval loss {num('evalLossBefore', '.4f')} -> {num('evalLoss', '.4f')}",
     ]

@@ -30,11 +30,11 @@ def run(args: argparse.Namespace) -> int:
                 continue
             if args.quiet:
                 continue
-            spec = job.spec
-            print(
-                f"{path}: {job.name}: valid ({spec.method.type}, {spec.model.uri}, "
-                f"{spec.resources.num_nodes}×{spec.resources.gpus_per_node} GPUs of {spec.resources.gpu_memory})"
-            )
+            spec, res = job.spec, job.spec.resources
+            where = f"{res.num_nodes}×{res.gpus_per_node} GPUs of {res.gpu_memory}"
+            if res.gpus_per_node == 0:
+                where = f"{res.num_nodes} pod{'s' if res.num_nodes > 1 else ''} × 1 CPU rank"
+            print(f"{path}: {job.name}: valid ({spec.method.type}, {spec.model.uri}, {where})")
         if args.quiet:
             continue
         for line in loaded.skipped:

@@ -39,6 +39,9 @@ ATTENTION_CONSTANT_BYTES = 1400
 """Per token per layer: log-sum-exp per head and rotary cos/sin tables (measured ≈1.4 kB)."""
 EAGER_ATTENTION_BYTES_PER_SCORE = 8
 """Families whose soft-capped attention runs eagerly keep scores and probabilities (bf16 + fp32)."""
+PACKED_MASK_BYTES_PER_ENTRY = 16
+"""Per entry of the `b·s·s` block-diagonal mask of a packed CPU batch: the boolean mask and the
+attention's additive fp32 copy and temporaries (measured on CPU SDPA: ≈16 bytes, not per layer)."""
 
 
 @dataclass(frozen=True)
@@ -115,13 +118,24 @@ def loss_bytes(workload: Workload, tokens: int) -> int:
     return max(int(per_vocab * shape.vocab_size * tokens), e * shape.vocab_size * tokens + e * largest)
 
 
+def packed_mask_bytes(workload: Workload, micro_batch: int) -> int:
+    """The block-diagonal mask of packed rows, built where flash-attention's varlen kernel is not used.
+
+    The trainer builds it on CPU; on GPU the plan assumes flash-attention (position ids only).
+    Packed rows are always full `maxSeqLength` rows, which the token count already assumes.
+    """
+    if not (workload.packing and workload.on_cpu):
+        return 0
+    return PACKED_MASK_BYTES_PER_ENTRY * micro_batch * workload.seq_len**2
+
+
 def activation_bytes(workload: Workload, micro_batch: int, checkpointing: bool) -> ActivationBytes:
     """Activation and logits bytes at the backward peak for `micro_batch` sequences."""
     shape = workload.shape
     tokens = micro_batch * workload.seq_len
     e = workload.param_bytes
     layer = layer_bytes_per_token(workload) * tokens + materialised_expert_bytes_per_layer(workload)
-    outside_layers = (4 + 2 * e) * shape.hidden_size * tokens
+    outside_layers = (4 + 2 * e) * shape.hidden_size * tokens + packed_mask_bytes(workload, micro_batch)
     logits = loss_bytes(workload, tokens)
     if checkpointing:
         kept = shape.num_layers * e * shape.hidden_size * tokens

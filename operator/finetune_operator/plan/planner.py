@@ -129,7 +129,7 @@ def rejected_alternatives(candidates: list[Candidate], chosen: Candidate) -> lis
 
 
 def explain(
-    candidates: list[Candidate], chosen: Candidate | None, budget: float, host_limit: int | None
+    candidates: list[Candidate], chosen: Candidate | None, budget: float, host_limit: int | None, device: str = "GPU"
 ) -> list[Candidate]:
     """Attach a reason to every candidate: why it was chosen, or why not."""
     from dataclasses import replace
@@ -137,7 +137,8 @@ def explain(
     out = []
     for c in candidates:
         if not c.fits_gpu:
-            reason = f"does not fit by {gib(c.per_gpu_bytes - budget)} per GPU ({gib(c.per_gpu_bytes)} > {gib(budget)})"
+            over = gib(c.per_gpu_bytes - budget)
+            reason = f"does not fit by {over} per {device} ({gib(c.per_gpu_bytes)} > {gib(budget)})"
         elif not c.fits_host:
             reason = (
                 f"host memory: needs {gib(c.memory.host_bytes_per_node)} per node, "
@@ -159,7 +160,12 @@ def explain(
 
 
 def _verdict(chosen: Candidate | None, workload: Workload, gpu_memory: int, budget: float) -> str:
-    where = f"{workload.world_size} GPU{'s' if workload.world_size > 1 else ''} of {gib(gpu_memory)}"
+    plural = "s" if workload.world_size > 1 else ""
+    if workload.on_cpu:  # the budget is still resources.gpuMemory: say so, in CPU words
+        where = f"{workload.world_size} CPU rank{plural} (budget from resources.gpuMemory {gib(gpu_memory)})"
+    else:
+        where = f"{workload.world_size} GPU{plural} of {gib(gpu_memory)}"
+    device = workload.device
     if chosen is None:
         return (
             f"nothing fits: {workload.source.name} ({workload.method}, seq {workload.seq_len}) on {where} "
@@ -167,7 +173,7 @@ def _verdict(chosen: Candidate | None, workload: Workload, gpu_memory: int, budg
         )
     s = chosen.strategy
     return (
-        f"{s.label()} fits: {gib(chosen.per_gpu_bytes)} of {gib(budget)} usable per GPU on {where}, "
+        f"{s.label()} fits: {gib(chosen.per_gpu_bytes)} of {gib(budget)} usable per {device} on {where}, "
         f"~{chosen.step.seconds:.2f} s/step"
     )
 
@@ -183,7 +189,7 @@ def plan_workload(
     budget = int(gpu_memory_bytes * margin)
     candidates = evaluate_all(workload, pins, budget, activation_override)
     chosen = pick(candidates)
-    candidates = explain(candidates, chosen, budget, workload.host_memory_bytes)
+    candidates = explain(candidates, chosen, budget, workload.host_memory_bytes, workload.device)
     chosen = candidates[chosen.index] if chosen is not None else None
     return PlanResult(
         workload=workload,

@@ -82,7 +82,7 @@ def next_frugal_plan(
         ]
         if matching:
             chosen: Candidate = max(matching, key=lambda c: (c.strategy.micro_batch_size, -c.step.seconds))
-            explained = explain(candidates, chosen, budget, workload.host_memory_bytes)
+            explained = explain(candidates, chosen, budget, workload.host_memory_bytes, workload.device)
             chosen = explained[chosen.index]
             status = status_of(
                 chosen,

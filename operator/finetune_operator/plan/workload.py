@@ -88,6 +88,13 @@ class Workload:
     buffers: DeepSpeedBuffers
     overhead_bytes: int = RUNTIME_OVERHEAD_BYTES
     host_memory_bytes: int | None = None
+    on_cpu: bool = False
+    packing: bool = False
+
+    @property
+    def device(self) -> str:
+        """What one rank runs on, in the words messages use: `GPU` or `CPU rank`."""
+        return "CPU rank" if self.on_cpu else "GPU"
 
     @property
     def world_size(self) -> int:
@@ -159,6 +166,8 @@ def workload_from_spec(spec: FineTuneJobSpec) -> Workload:
     lora = spec.method.lora_or_default
     counts = count_parameters(shape, None if method == "full" else lora.r, lora.target_modules)
     precision = str(spec.training.precision)
+    on_cpu = spec.resources.gpus_per_node == 0
+    fp32 = precision == "fp32" or on_cpu  # a CPU rank computes in fp32 whatever training.precision says
     double_quant = spec.method.qlora_or_default.double_quant
     resources = spec.resources
     return Workload(
@@ -169,8 +178,8 @@ def workload_from_spec(spec: FineTuneJobSpec) -> Workload:
         lora_r=lora.r,
         target_modules=tuple(lora.target_modules),
         lora_dropout=_lora_dropout(spec, shape, source.name),
-        param_bytes=4 if precision == "fp32" else 2,
-        mixed_precision=precision != "fp32",
+        param_bytes=4 if fp32 else 2,
+        mixed_precision=not fp32,
         seq_len=spec.dataset.max_seq_length,
         global_batch=spec.training.global_batch_size,
         num_nodes=resources.num_nodes,
@@ -178,4 +187,6 @@ def workload_from_spec(spec: FineTuneJobSpec) -> Workload:
         quantized_bytes_per_param=NF4_DOUBLE_QUANT_BYTES if double_quant else NF4_PLAIN_BYTES,
         buffers=_buffers(spec),
         host_memory_bytes=quantity_bytes(resources.memory) if resources.memory is not None else None,
+        on_cpu=on_cpu,
+        packing=spec.dataset.packing,
     )

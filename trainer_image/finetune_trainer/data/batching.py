@@ -4,7 +4,8 @@ Packing puts several samples into one sequence without letting them see each oth
 position ids restart at 0 for every sample, and on CPU (or without flash-attention) an
 explicit block-diagonal causal mask is built; on GPU with flash-attention the position
 ids alone select the varlen kernel. Without packing, batches are right-padded.
-Padding tokens never count as "useful" tokens.
+Padding tokens never count as "useful" tokens; "trained" tokens are those with a label
+(the responses), what the loss is taken over.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def collate(rows: Sequence[Row], pad_id: int, explicit_mask: bool) -> dict[str, 
         if n < width:
             position_ids[i, n:] = torch.arange(width - n)
     useful = int((segment >= 0).sum())
+    trained = int((labels[:, 1:] != IGNORE_INDEX).sum())  # the model shifts labels: position 0 is never a target
     out: dict[str, Any] = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
     packed = any(len(r.lengths) > 1 for r in rows)
     if packed and explicit_mask:
@@ -92,7 +94,7 @@ def collate(rows: Sequence[Row], pad_id: int, explicit_mask: bool) -> dict[str, 
         out["attention_mask"] = (same & causal)[:, None, :, :]
     elif not packed:
         out["attention_mask"] = (segment >= 0).long()
-    return {**out, "useful_tokens": useful, "samples": sum(len(r.lengths) for r in rows)}
+    return {**out, "useful_tokens": useful, "trained_tokens": trained, "samples": sum(len(r.lengths) for r in rows)}
 
 
 @dataclass(frozen=True)

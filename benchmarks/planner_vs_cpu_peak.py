@@ -1,0 +1,175 @@
+"""The planner's bytes per rank vs the peak resident memory of real CPU ranks, packing on and off.
+
+Each row plans a job (2 CPU ranks, ZeRO-2, fixed micro-batch, no checkpointing) with the
+operator's planner, runs it through the pod entrypoint (`ftjob train`: the DeepSpeed launcher
+and two gloo ranks), and samples every rank's VmHWM (peak resident set) from /proc until it
+exits. A packed micro-batch is full rows of maxSeqLength with the block-diagonal mask the CPU
+trainer builds; unpacked rows are padded to the longest in the batch, so the plan (which sizes
+full rows) is an upper bound there. Run on demand; nothing here is asserted by the tests.
+
+    DS_ACCELERATOR=cpu .venv/bin/python benchmarks/planner_vs_cpu_peak.py [--model DIR|builtin://tiny-llama]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+for sub in ("operator", "trainer_image"):
+    sys.path.insert(0, str(REPO / sub))
+GIB = 2**30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def manifest(args: argparse.Namespace, method: str, packing: bool, out: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": "finetune.dev/v1alpha1",
+        "kind": "FineTuneJob",
+        "metadata": {"name": "bench"},
+        "spec": {
+            "model": {"uri": args.model},
+            "dataset": {
+                "uri": args.dataset,
+                "format": args.format,
+                "maxSeqLength": args.seq,
+                "packing": packing,
+                "validationSplit": 0.02,
+            },
+            "method": {
+                "type": method,
+                **({} if method == "full" else {"lora": {"r": 16, "alpha": 32, "dropout": 0.0}}),
+            },
+            "training": {
+                "maxSteps": args.steps,
+                "microBatchSize": args.micro,
+                "globalBatchSize": args.micro * 2,
+                "precision": "fp32",
+                "gradientCheckpointing": False,
+                "checkpointEverySteps": 1000,
+                "learningRate": 1e-4,
+            },
+            "resources": {"numNodes": 2, "gpusPerNode": 0},
+            "deepspeed": {"zeroStage": 2, "offloadOptimizer": "none"},
+            "output": {"uri": str(out)},
+        },
+    }
+
+
+def _workers() -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"finetune_trainer.worker" in cmd:
+            found.append(int(entry.name))
+    return found
+
+
+def _hwm(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def measure(args: argparse.Namespace, method: str, packing: bool) -> tuple[Any, list[int], float]:
+    from finetune_operator.api.job import FineTuneJob
+    from finetune_operator.plan import choose_plan
+    from finetune_operator.render.config_files import config_files
+
+    with tempfile.TemporaryDirectory(prefix="ftjob-bench-") as tmp:
+        root = Path(tmp)
+        job = FineTuneJob.from_manifest(manifest(args, method, packing, root / "out"))
+        plan = choose_plan(job.spec)
+        config = root / "config"
+        config.mkdir()
+        for name, content in config_files(job, plan, "localhost slots=2\n").items():
+            (config / name).write_text(content)
+        env = dict(os.environ)
+        env.update(
+            {
+                "FTJOB_OUTPUT_DIR": str(root / "out"),
+                "FTJOB_TERMINATION_LOG": str(root / "termination"),
+                "FTJOB_METRICS_PORT": "off",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()),
+                "NODE_RANK": "0",
+                "DS_ACCELERATOR": "cpu",
+                "OMP_NUM_THREADS": "1",
+                "TOKENIZERS_PARALLELISM": "false",
+                "PYTHONPATH": os.pathsep.join(str(REPO / s) for s in ("operator", "trainer_image")),
+            }
+        )
+        before = set(_workers())
+        began = time.monotonic()
+        log = (root / "log").open("w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "finetune_operator.cli.main", "train", "--config", str(config)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        peaks: dict[int, int] = {}
+        while proc.poll() is None:
+            for pid in set(_workers()) - before:
+                value = _hwm(pid)
+                if value is not None:
+                    peaks[pid] = max(peaks.get(pid, 0), value)
+            time.sleep(0.2)
+        log.close()
+        if proc.returncode != 0:
+            print((root / "log").read_text()[-3000:], file=sys.stderr)
+            raise SystemExit(f"{method} packing={packing}: the run failed ({proc.returncode})")
+        return plan, sorted(peaks.values()), time.monotonic() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="builtin://tiny-llama", help="builtin://tiny-llama or a local model folder")
+    parser.add_argument("--dataset", default="builtin://reverse-words")
+    parser.add_argument("--format", default="messages")
+    parser.add_argument("--seq", type=int, default=512, help="maxSeqLength")
+    parser.add_argument("--micro", type=int, default=8, help="micro-batch per rank")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--methods", nargs="+", default=["lora", "full"])
+    args = parser.parse_args()
+    print(f"model {args.model}, 2 CPU ranks, ZeRO-2, fp32, micro-batch {args.micro}, maxSeqLength {args.seq}")
+    print(f"{'method':6} {'packing':8} {'plan GiB':>9} {'act+logits':>11} {'measured GiB (per rank)':>24} {'ratio':>6}")
+    for method in args.methods:
+        for packing in (False, True):
+            plan, peaks, seconds = measure(args, method, packing)
+            b = plan.breakdown
+            act = (b.activations + b.logits) / GIB
+            measured = max(peaks) / GIB
+            ranks = ", ".join(f"{p / GIB:.2f}" for p in peaks)
+            ratio = measured / (plan.per_gpu_bytes / GIB)
+            print(
+                f"{method:6} {'on' if packing else 'off':8} {plan.per_gpu_bytes / GIB:9.2f} {act:11.2f} "
+                f"{ranks:>24} {ratio:6.2f}   ({seconds:.0f} s)",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
