@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from finetune_operator.api.loss_chunks import HIDDEN_COPIES
 from finetune_operator.plan.activations import activation_bytes
-from finetune_operator.plan.logits import HIDDEN_COPIES
 from finetune_operator.plan.memory import Strategy, estimate_memory
 from finetune_operator.plan.workload import Workload, workload_from_spec
 from tests.factories import make_job

@@ -1,6 +1,6 @@
 """Which loss a rank trains with: the chunked LM-head loss, unless the model needs full logits.
 
-The chunked path (`finetune_operator.plan.chunked_loss`, the one the planner counts) runs
+The chunked path (`chunked_loss`, the one the planner counts) runs
 the model through the DeepSpeed engine as before, with the head computing the mean
 trained-token cross entropy itself. On CUDA it uses Liger's fused linear cross entropy when
 `liger_kernel` is installed, pure-torch chunks otherwise. Models whose head output is
@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from finetune_operator.plan.chunked_loss import LossKernel, causal_lm_loss, chunked_cross_entropy_sum, output_head
+from finetune_trainer.chunked_loss import LossKernel, causal_lm_loss, chunked_cross_entropy_sum, output_head
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ flash/memory-efficient attention (no s² term unless the family needs eager atte
 With gradient checkpointing each layer keeps only its 16-bit input; the layer being
 recomputed in backward adds one layer's activations and the gradients flowing through
 it (`2·e·(I + h)`), which is the peak when the vocabulary is small. The loss runs in chunks
-(`logits.py`): one chunk of logits plus the trained tokens' hidden states, whatever the
+(`api/loss_chunks.py`): one chunk of logits plus the trained tokens' hidden states, whatever the
 sequence length. Soft-capped heads keep the full logits, `b·s·V` in 16 bits plus the fp32
 upcast, log-softmax and its gradient (about 14 bytes per vocabulary entry per token). In full
 fine-tuning the gradient of the largest single weight tensor (the output head `e·V·h`, or a
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .logits import chunked_loss_bytes
+from ..api.loss_chunks import chunked_loss_bytes
 from .param_count import ArchitectureShape
 from .workload import Workload, per_workload
 
@@ -107,7 +107,7 @@ def materialised_expert_bytes_per_layer(workload: Workload) -> int:
 
 
 def loss_bytes(workload: Workload, tokens: int) -> int:
-    """The logits/loss peak: one chunk of the chunked loss (`logits.py`), or the full logits
+    """The logits/loss peak: one chunk of the chunked loss (`api/loss_chunks.py`), or the full logits
     where the trainer keeps them (soft-capped heads). In full fine-tuning the largest weight's
     gradient (the head's, accumulated chunk by chunk) is whole before DeepSpeed takes it."""
     shape, e = workload.shape, workload.param_bytes

@@ -6,7 +6,7 @@ every parameter becomes a `FakeTensor` (shape and dtype, no data), and one forwa
 backward pass runs under a `TorchDispatchMode` that adds up the bytes of live storages
 (views share a storage, so storages are counted, not tensors) and keeps the peak. It
 costs seconds on a CPU and no memory, and is used with `ftjob plan --traced` and to
-calibrate `activations.py`. The loss is the trainer's own (`chunked_loss.py`). Imported
+calibrate `activations.py`. The loss is the trainer's own (`finetune_trainer.chunked_loss`). Imported
 lazily: it needs torch, transformers and peft.
 
 The CPU trace runs PyTorch's CPU flash-attention kernel, which, like the GPU flash
@@ -25,7 +25,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .chunked_loss import causal_lm_loss, output_head
+from finetune_trainer.chunked_loss import causal_lm_loss, output_head
+
 from .meta_count import apply_lora, build_meta_model
 
 

@@ -14,7 +14,7 @@ before the backward of its outputs, so the loss must be that module's output. Th
 forward is otherwise unchanged (peft, gradient checkpointing, packing masks, ZeRO hooks).
 
 Shared by the trainer and the traced planner (`traced.py`), which must measure the same
-step; the byte count it implies is `logits.chunked_loss_bytes`. Imported lazily: needs torch.
+step; the byte count it implies is `api.loss_chunks.chunked_loss_bytes`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .logits import HEAD_POSTPROCESSING_ATTRIBUTES, IGNORE_INDEX, loss_chunk_tokens
+from finetune_operator.api.loss_chunks import HEAD_POSTPROCESSING_ATTRIBUTES, IGNORE_INDEX, loss_chunk_tokens
 
 LossKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """(hidden [n, h], head weight [V, h], targets [n]) → the summed cross entropy, fp32."""
