@@ -30,7 +30,10 @@ What it does for each pod bound to its Node (`spec.nodeName`):
   then deletes the pod object with grace 0 (as a kubelet does). On shutdown it stops all,
   and every container gets `setpriv --pdeathsig=KILL`, so none outlives a killed agent.
 
-It needs root (CAP_SYS_ADMIN) for `unshare --mount` and `mount --bind`.
+It needs root (CAP_SYS_ADMIN) for `unshare --mount` and `mount --bind`. This module is the
+agent's loop and the pods' lifecycle; the Node object (`node_object.py`), starting a container
+(`container_launch.py`), readiness probes (`probes.py`) and the reported pod status
+(`pod_status.py`) live beside it.
 
 Not supported (by design, it is a test tool): images (any image name is accepted and
 ignored), securityContext (processes run as root; the apiserver's Pod Security admission
@@ -44,95 +47,36 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import ipaddress
 import os
-import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 
 from finetune_localcluster.cluster import (
     PROCESS_NODE_LABEL,
-    PROCESS_NODE_TAINT,
-    with_parent_death_signal,
 )
+from finetune_localcluster.container_launch import launch
 from finetune_localcluster.kube import Kube, KubeError, Obj
 from finetune_localcluster.kubelet_api import serve_logs
-from finetune_localcluster.pod_contents import VENV_BIN, NotReadyYet, PodView, expand, hostname, hosts_file
+from finetune_localcluster.node_object import heartbeat, register
+from finetune_localcluster.pod_contents import NotReadyYet, PodView, hosts_file
+from finetune_localcluster.pod_runs import Container, PodRun, now
+from finetune_localcluster.pod_status import pod_status
+from finetune_localcluster.probes import probe
 
 POLL_S = 0.3
 HEARTBEAT_S = 10.0
 HOSTS_REFRESH_S = 1.0
 MAX_GRACE_S = 30.0
 MAX_MESSAGE = 4096
-
-
-def now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass
-class Container:
-    spec: Obj
-    init: bool
-    proc: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
-    state: Obj = field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
-    last_state: Obj = field(default_factory=dict)
-    next_start: float = 0.0
-    started_at: str = ""
-    started_mono: float = 0.0
-    done: bool = False  # terminated and will not be restarted
-    ready: bool = False
-    probe_at: float = 0.0
-    env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return str(self.spec["name"])
-
-
-@dataclass
-class PodRun:
-    pod: Obj
-    dir: Path
-    ip: str
-    inits: list[Container]
-    ctrs: list[Container]
-    volumes: dict[str, Path] = field(default_factory=dict)
-    prepared: bool = False
-    error: str = ""
-    kill_deadline: float | None = None
-    sent: Obj | None = None
-    cond_times: dict[str, tuple[str, str]] = field(default_factory=dict)
-    start_time: str = field(default_factory=now)
-    hosts_at: float = 0.0
-
-    @property
-    def meta(self) -> Obj:
-        return dict(self.pod["metadata"])
-
-    @property
-    def spec(self) -> Obj:
-        return dict(self.pod["spec"])
-
-    @property
-    def path(self) -> str:
-        return f"/api/v1/namespaces/{self.meta['namespace']}/pods/{self.meta['name']}"
-
-    @property
-    def hostname(self) -> str:
-        return hostname(self.pod)
 
 
 class ProcessNode:
@@ -159,108 +103,21 @@ class ProcessNode:
         self.kubelet_port = 0
 
     # -- node ------------------------------------------------------------------------------
-    def _conditions(self) -> list[Obj]:
-        t = now()
-        spec = [
-            ("Ready", "True", "KubeletReady"),
-            ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
-            ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
-            ("PIDPressure", "False", "KubeletHasSufficientPID"),
-        ]
-        return [
-            {
-                "type": k,
-                "status": s,
-                "reason": r,
-                "message": "process node",
-                "lastHeartbeatTime": t,
-                "lastTransitionTime": t,
-            }
-            for k, s, r in spec
-        ]
-
     def register(self) -> None:
-        res = {
-            "cpu": str(os.cpu_count() or 1),
-            "memory": "64Gi",
-            "pods": "110",
-            "ephemeral-storage": "100Gi",
-            "nvidia.com/gpu": str(self.gpus),
-        }
-        node = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": self.name,
-                "labels": {
-                    PROCESS_NODE_LABEL: "true",
-                    "kubernetes.io/hostname": self.name,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                    "nvidia.com/gpu.present": "true",
-                    "nvidia.com/gpu.product": self.gpu_product,
-                    "nvidia.com/gpu.count": str(self.gpus),
-                },
-            },
-            "spec": {
-                "podCIDR": self.pod_cidr,
-                "podCIDRs": [self.pod_cidr],
-                "taints": [PROCESS_NODE_TAINT] if self.taint else [],
-            },
-            "status": {
-                "capacity": res,
-                "allocatable": res,
-                "conditions": self._conditions(),
-                "addresses": [
-                    {"type": "InternalIP", "address": "127.0.0.1"},
-                    {"type": "Hostname", "address": self.name},
-                ],
-                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_port}},
-                "nodeInfo": {
-                    "architecture": "amd64",
-                    "operatingSystem": "linux",
-                    "bootID": "",
-                    "containerRuntimeVersion": "process://0",
-                    "kernelVersion": os.uname().release,
-                    "kubeProxyVersion": "",
-                    "kubeletVersion": "v1.35.4",
-                    "machineID": "",
-                    "osImage": "finetune_localcluster process node",
-                    "systemUUID": "",
-                },
-            },
-        }
-        try:
-            self.kube.create("/api/v1/nodes", node)
-        except KubeError as exc:
-            if exc.status != 409:
-                raise
-            self.kube.merge_patch(f"/api/v1/nodes/{self.name}", {"metadata": node["metadata"]})
-        self.heartbeat()
+        register(
+            self.kube,
+            self.name,
+            pod_cidr=self.pod_cidr,
+            gpus=self.gpus,
+            gpu_product=self.gpu_product,
+            taint=self.taint,
+            kubelet_port=self.kubelet_port,
+        )
+        self._beat_at = time.monotonic()
 
     def heartbeat(self) -> None:
         self._beat_at = time.monotonic()
-        self.kube.merge_patch(
-            f"/api/v1/nodes/{self.name}/status",
-            {
-                "status": {
-                    "conditions": self._conditions(),
-                    "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_port}},
-                }
-            },
-        )
-        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.name}"
-        spec = {
-            "holderIdentity": self.name,
-            "leaseDurationSeconds": 40,
-            "renewTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        }
-        try:
-            self.kube.merge_patch(path, {"spec": spec})
-        except KubeError as exc:
-            if exc.status != 404:
-                raise
-            self.kube.create(path.rsplit("/", 1)[0], {"metadata": {"name": self.name}, "spec": spec})
+        heartbeat(self.kube, self.name, self.kubelet_port)
 
     # -- main loop -------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -415,66 +272,7 @@ class ProcessNode:
         print(f"{run.meta['name']}/{c.name} exited {code}", flush=True)
 
     def start(self, run: PodRun, c: Container) -> None:
-        env = self.view(run).container_env(c.spec)
-        cmd = [expand(a, env) for a in c.spec.get("command") or []]
-        argv = cmd + [expand(a, env) for a in c.spec.get("args") or []]
-        if not argv:
-            raise NotReadyYet(f"container {c.name} has no command or args (images are not run here)")
-        if "/" not in argv[0]:
-            argv[0] = shutil.which(argv[0], path=env["PATH"]) or argv[0]
-        elif not os.path.exists(argv[0]) and (VENV_BIN / Path(argv[0]).name).exists():
-            argv[0] = str(VENV_BIN / Path(argv[0]).name)
-        cdir = run.dir / "containers" / c.name
-        cdir.mkdir(parents=True, exist_ok=True)
-        (cdir / "termination-log").write_bytes(b"")
-        mounts = [
-            (run.dir / "hosts", "/etc/hosts", False),
-            (cdir / "termination-log", c.spec.get("terminationMessagePath") or "/dev/termination-log", False),
-        ]
-        for m in c.spec.get("volumeMounts", []):
-            src = run.volumes[m["name"]] / m.get("subPath", "")
-            if m.get("subPath"):
-                src.parent.mkdir(parents=True, exist_ok=True)
-                if not src.exists():
-                    src.mkdir()
-            mounts.append((src, m["mountPath"], bool(m.get("readOnly"))))
-        lines = ["set -e", f"hostname {shlex.quote(run.hostname[:63])}"]
-        for src, dst, ro in mounts:
-            q = shlex.quote(dst)
-            lines.append(f"mkdir -p {q}" if src.is_dir() else f"mkdir -p $(dirname {q}); [ -e {q} ] || : > {q}")
-            lines.append(f"mount --bind {shlex.quote(str(src))} {q}")
-            if ro:
-                lines.append(f"mount -o remount,bind,ro {q}")
-        workdir = c.spec.get("workingDir") or "/"
-        lines += [f"mkdir -p {shlex.quote(workdir)}", f"cd {shlex.quote(workdir)}", 'exec "$@"']
-        with open(run.dir / f"{c.name}.log", "ab") as log:
-            c.proc = subprocess.Popen(
-                with_parent_death_signal(
-                    [
-                        "unshare",
-                        "--mount",
-                        "--uts",
-                        "--propagation",
-                        "private",
-                        "/bin/sh",
-                        "-c",
-                        "\n".join(lines),
-                        "sh",
-                        *argv,
-                    ]
-                ),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=run.dir,
-                start_new_session=True,
-            )
-        if "terminated" in c.state:
-            c.last_state, c.restarts = c.state, c.restarts + 1
-        c.started_at, c.started_mono, c.probe_at, c.env = now(), time.monotonic(), 0.0, env
-        c.state = {"running": {"startedAt": c.started_at}}
-        c.ready = False
+        launch(run, c, self.view(run).container_env(c.spec))
 
     # -- pod contents ----------------------------------------------------------------------
     def view(self, run: PodRun) -> PodView:
@@ -500,92 +298,18 @@ class ProcessNode:
                 f.truncate()
 
     def probe(self, run: PodRun, c: Container) -> bool:
-        p = c.spec.get("readinessProbe")
-        if not p:
-            return True
-        t = time.monotonic()
-        if t < c.probe_at or t - c.started_mono < p.get("initialDelaySeconds", 0):
-            return c.ready
-        c.probe_at = t + p.get("periodSeconds", 10)
-        timeout = min(float(p.get("timeoutSeconds", 1)), 2.0)
-        spec = p.get("tcpSocket") or p.get("httpGet") or {}
-        port = spec.get("port", 0)
-        if isinstance(port, str) and not port.isdigit():
-            port = next((q["containerPort"] for q in c.spec.get("ports", []) if q.get("name") == port), 0)
-        host = spec.get("host") or run.ip
-        try:
-            if "exec" in p and c.proc is not None:
-                argv = ["nsenter", f"--target={c.proc.pid}", "--mount", "--uts", "--", *p["exec"]["command"]]
-                done = subprocess.run(argv, check=False, env=c.env, timeout=timeout, capture_output=True)
-                return done.returncode == 0
-            if "tcpSocket" in p:
-                socket.create_connection((host, int(port)), timeout=timeout).close()
-                return True
-            if "httpGet" in p:
-                url = f"http://{host}:{int(port)}{spec.get('path', '/')}"
-                return 200 <= requests.get(url, timeout=timeout, proxies={"http": ""}).status_code < 400
-        except (OSError, subprocess.SubprocessError, requests.RequestException):
-            return False
-        return False
+        return probe(run, c)
 
     # -- status ----------------------------------------------------------------------------
-    def _cond(self, run: PodRun, kind: str, ok: bool) -> Obj:
-        status = "True" if ok else "False"
-        if run.cond_times.get(kind, ("", ""))[0] != status:
-            run.cond_times[kind] = (status, now())
-        return {"type": kind, "status": status, "lastTransitionTime": run.cond_times[kind][1]}
-
-    def _ctr_status(self, run: PodRun, c: Container) -> Obj:
-        state, last = c.state, c.last_state
-        if run.error and "waiting" in state:
-            state = {"waiting": {"reason": "ContainerCreating", "message": run.error}}
-        elif "terminated" in state and not c.done:  # restart pending: back-off, as a kubelet shows it
-            state, last = {"waiting": {"reason": "CrashLoopBackOff", "message": f"back-off restarting {c.name}"}}, state
-        return {
-            "name": c.name,
-            "image": c.spec.get("image", ""),
-            "imageID": "",
-            "ready": c.ready,
-            "started": "running" in state,
-            "restartCount": c.restarts,
-            "state": state,
-            "lastState": last,
-        }
-
     def report(self, run: PodRun) -> None:
         if run.pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
             return
-        inits_ok = all(c.done and c.state["terminated"]["exitCode"] == 0 for c in run.inits)
-        init_failed = any(c.done and c.state["terminated"]["exitCode"] != 0 for c in run.inits)
-        if init_failed or (run.ctrs and all(c.done for c in run.ctrs)):
-            bad = init_failed or any(c.state["terminated"]["exitCode"] != 0 for c in run.ctrs)
-            phase = "Failed" if bad else "Succeeded"
-        else:
-            phase = "Running" if inits_ok and any(c.started_at for c in run.ctrs) else "Pending"
-        ready = phase == "Running" and all(c.ready for c in run.ctrs)
-        conditions = [
-            self._cond(run, "PodReadyToStartContainers", run.prepared),
-            self._cond(run, "Initialized", inits_ok),
-            self._cond(run, "ContainersReady", ready),
-            self._cond(run, "Ready", ready),
-            self._cond(run, "PodScheduled", True),
-        ]
-        status = {
-            "phase": phase,
-            "conditions": conditions,
-            "hostIP": "127.0.0.1",
-            "hostIPs": [{"ip": "127.0.0.1"}],
-            "podIP": run.ip,
-            "podIPs": [{"ip": run.ip}],
-            "startTime": run.start_time,
-            "containerStatuses": [self._ctr_status(run, c) for c in run.ctrs],
-            "initContainerStatuses": [self._ctr_status(run, c) for c in run.inits],
-        }
+        status = pod_status(run)
         if status != run.sent:
             self.kube.merge_patch(run.path + "/status", {"status": status})
             run.sent = status
-        if phase in ("Succeeded", "Failed"):
-            run.pod.setdefault("status", {})["phase"] = phase
+        if status["phase"] in ("Succeeded", "Failed"):
+            run.pod.setdefault("status", {})["phase"] = status["phase"]
 
 
 def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
