@@ -56,7 +56,7 @@ def manifest(args: argparse.Namespace, method: str, packing: bool, out: Path) ->
                 "maxSteps": args.steps,
                 "microBatchSize": args.micro,
                 "globalBatchSize": args.micro * 2,
-                "precision": "fp32",
+                "precision": args.precision,
                 "gradientCheckpointing": False,
                 "checkpointEverySteps": 1000,
                 "learningRate": 1e-4,
@@ -68,17 +68,21 @@ def manifest(args: argparse.Namespace, method: str, packing: bool, out: Path) ->
     }
 
 
-def _workers() -> list[int]:
+def _workers(root: int) -> list[int]:
+    """The ranks under `root` (this run's entrypoint), not anyone else's on the machine."""
+    import psutil
+
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"finetune_trainer.worker" in cmd:
-            found.append(int(entry.name))
+    try:
+        for proc in psutil.Process(root).children(recursive=True):
+            try:
+                cmd = proc.cmdline()  # a rank runs `-m finetune_trainer.worker`; the launchers name it as an argument
+                if "-m" in cmd and cmd[cmd.index("-m") + 1 :][:1] == ["finetune_trainer.worker"]:
+                    found.append(proc.pid)
+            except psutil.Error:
+                continue
+    except psutil.Error:
+        pass
     return found
 
 
@@ -120,7 +124,6 @@ def measure(args: argparse.Namespace, method: str, packing: bool) -> tuple[Any, 
                 "PYTHONPATH": os.pathsep.join(str(REPO / s) for s in ("operator", "trainer_image")),
             }
         )
-        before = set(_workers())
         began = time.monotonic()
         log = (root / "log").open("w")
         proc = subprocess.Popen(
@@ -132,7 +135,7 @@ def measure(args: argparse.Namespace, method: str, packing: bool) -> tuple[Any, 
         )
         peaks: dict[int, int] = {}
         while proc.poll() is None:
-            for pid in set(_workers()) - before:
+            for pid in _workers(proc.pid):
                 value = _hwm(pid)
                 if value is not None:
                     peaks[pid] = max(peaks.get(pid, 0), value)
@@ -153,8 +156,14 @@ def main() -> None:
     parser.add_argument("--micro", type=int, default=8, help="micro-batch per rank")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--methods", nargs="+", default=["lora", "full"])
+    parser.add_argument(
+        "--precision", default="fp32", help="training.precision (a CPU rank computes in fp32 whatever it says)"
+    )
     args = parser.parse_args()
-    print(f"model {args.model}, 2 CPU ranks, ZeRO-2, fp32, micro-batch {args.micro}, maxSeqLength {args.seq}")
+    print(
+        f"model {args.model}, 2 CPU ranks, ZeRO-2, precision {args.precision}, micro-batch {args.micro}, "
+        f"maxSeqLength {args.seq}"
+    )
     print(f"{'method':6} {'packing':8} {'plan GiB':>9} {'act+logits':>11} {'measured GiB (per rank)':>24} {'ratio':>6}")
     for method in args.methods:
         for packing in (False, True):

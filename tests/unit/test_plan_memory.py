@@ -177,12 +177,14 @@ def test_a_cpu_rank_is_planned_in_fp32_whatever_the_precision() -> None:
     assert (gpu.param_bytes, gpu.mixed_precision, gpu.on_cpu) == (2, True, False)
 
 
-def test_packing_on_cpu_adds_the_block_diagonal_mask_and_nothing_on_gpu() -> None:
+def test_packing_on_cpu_adds_the_mask_and_the_masked_attention_and_nothing_on_gpu() -> None:
     micro, seq = 8, 512
     off = activation_bytes(_tiny_cpu(), micro, checkpointing=False)
     on = activation_bytes(_tiny_cpu(dataset={"packing": True}), micro, checkpointing=False)
     assert on.logits == off.logits
-    assert on.activations - off.activations == 16 * micro * seq * seq
+    layers, heads = 4, 4  # tiny-llama
+    # the mask once, and each layer's fp32 scores and probabilities of the masked attention
+    assert on.activations - off.activations == 16 * micro * seq * seq + layers * 24 * heads * micro * seq * seq
     gpu_off = activation_bytes(_tiny_cpu(resources={"gpusPerNode": 1}), micro, checkpointing=False)
     gpu_on = activation_bytes(_tiny_cpu(resources={"gpusPerNode": 1}, dataset={"packing": True}), micro, False)
     assert gpu_on == gpu_off  # flash-attention's varlen kernel: position ids, no mask

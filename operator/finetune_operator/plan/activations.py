@@ -11,6 +11,8 @@ flash/memory-efficient attention (no s² term unless the family needs eager atte
   `4·e·I` (MoE: for each routed expert, plus the gathered and weighted token copies);
 - full fine-tuning additionally keeps the 16-bit inputs the norm weights need;
 - LoRA dropout saves a mask and a dropped copy of every adapted input, `(1 + e)` bytes each;
+- packed rows on CPU carry an explicit block-diagonal mask (no varlen kernel there), and the
+  attention then keeps its `b·heads·s²` scores and probabilities per layer;
 - peft adapts fused MoE expert weights by materialising `W + B·A`, kept per layer.
 
 With gradient checkpointing each layer keeps only its 16-bit input; the layer being
@@ -42,6 +44,10 @@ EAGER_ATTENTION_BYTES_PER_SCORE = 8
 PACKED_MASK_BYTES_PER_ENTRY = 16
 """Per entry of the `b·s·s` block-diagonal mask of a packed CPU batch: the boolean mask and the
 attention's additive fp32 copy and temporaries (measured on CPU SDPA: ≈16 bytes, not per layer)."""
+PACKED_CPU_ATTENTION_BYTES_PER_SCORE = 24
+"""Per attention score (`b·heads·s·s`) per layer of a packed CPU batch: with an explicit mask the
+attention keeps its fp32 scores and probabilities for backward, plus transients. Calibrated on
+real CPU ranks (`benchmarks/planner_vs_cpu_peak.py`, tiny-llama, LoRA, s=512): 23.7."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,8 @@ def layer_bytes_per_token(workload: Workload) -> float:
     per_token += 4 * e * q + ATTENTION_CONSTANT_BYTES
     if traits.eager_attention:
         per_token += EAGER_ATTENTION_BYTES_PER_SCORE * shape.num_heads * workload.seq_len
+    if workload.packing and workload.on_cpu:
+        per_token += PACKED_CPU_ATTENTION_BYTES_PER_SCORE * shape.num_heads * workload.seq_len
     if traits.fused_qkv:
         per_token += e * (q + 2 * shape.kv_dim)
     routed = shape.experts_per_token if shape.num_experts > 1 else 1
