@@ -57,3 +57,27 @@ def test_multi_node_job_on_read_write_many_claim_is_planned(
     status = jobs.wait(lambda s: "Planned" in conditions(s), "Planned condition", name="rwx", timeout=60)
     assert conditions(status)["Planned"]["status"] == "True", status
     assert "Failed" not in conditions(status) or conditions(status)["Failed"]["status"] != "True"
+
+
+def test_gpu_placement_schedules_on_nodes_with_the_gfd_memory_label(
+    kube: Kube, namespace: str, operator: OperatorProcess
+) -> None:
+    """The rendered nvidia.com/gpu.memory affinity, GPU toleration and model-cache request fit the kwok
+    GPU nodes (labelled like GPU Feature Discovery does) for the real scheduler; a 141Gi card does not."""
+    jobs = Jobs(kube, namespace)
+    jobs.create("fits", **gpu_job(dataset={"uri": "/data/train.jsonl"}, output={"uri": "/output/job"}))
+    jobs.wait_state("Running", "fits", timeout=90)
+    big = {"gpuMemory": "141Gi"}
+    jobs.create(
+        "too-big", **gpu_job(resources=big, dataset={"uri": "/data/train.jsonl"}, output={"uri": "/output/job"})
+    )
+    status = jobs.wait(
+        lambda s: (
+            "nvidia.com/gpu.memory" in conditions(s).get("Running", {}).get("message", "")
+            or "node affinity" in conditions(s).get("Running", {}).get("message", "")
+        ),
+        "an unschedulable reason",
+        name="too-big",
+        timeout=60,
+    )
+    assert conditions(status)["Running"]["status"] == "False", status
