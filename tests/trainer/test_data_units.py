@@ -187,6 +187,22 @@ def test_sampler_is_a_pure_function_of_the_step_and_disjoint_across_ranks() -> N
     assert sampler.position(6) == {"epoch": 1, "step_in_epoch": 2, "sample_offset": 24}
 
 
+@pytest.mark.parametrize(
+    ("world", "micro", "accumulation"), [(2, 2, 2), (1, 2, 4), (4, 1, 2), (1, 1, 8), (2, 4, 1), (8, 1, 1)]
+)
+def test_sampler_reads_the_same_samples_per_step_however_the_global_batch_is_split(
+    world: int, micro: int, accumulation: int
+) -> None:
+    """A resume after a change of world size or micro-batch neither skips nor repeats a sample."""
+    reference = EpochSampler(size=70, world=2, micro=2, accumulation=2, seed=9)
+    split = EpochSampler(size=70, world=world, micro=micro, accumulation=accumulation, seed=9)
+    assert split.steps_per_epoch == reference.steps_per_epoch == 8
+    for step in range(2 * reference.steps_per_epoch):  # across the epoch boundary too
+        read = [i for r in range(world) for mb in split.micro_batches(step, r) for i in mb]
+        assert sorted(read) == sorted(reference.global_batch(step)), step
+        assert len(read) == len(set(read)) == 8
+
+
 def test_validation_split_is_deterministic_and_disjoint() -> None:
     train, val = split_validation(100, 0.05, seed=3)
     assert (train, val) == split_validation(100, 0.05, seed=3)
@@ -276,3 +292,16 @@ def test_builtin_dataset_is_deterministic() -> None:
     a = builtin.reverse_words_records(10, seed=1)
     assert a == builtin.reverse_words_records(10, seed=1)
     assert all(r["output"].split() == list(reversed(r["input"].split())) for r in a)
+
+
+def test_injected_out_of_memory_is_a_real_torch_oom_classified_for_a_replan(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from finetune_trainer import checkpoint
+
+    monkeypatch.setenv("FTJOB_FAULT_OOM", "step:4")
+    checkpoint.fault_point("step", 3)  # another step: nothing happens
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        checkpoint.fault_point("step", 4)
+    assert outcome.classify(info.value) == outcome.OUT_OF_MEMORY
+    assert outcome.failure_line(info.value, 0).startswith("OutOfMemory: CUDA out of memory")

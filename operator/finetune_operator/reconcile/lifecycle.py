@@ -193,6 +193,13 @@ def _final_progress(progress: Progress | None, result: Result, now: str) -> Prog
     )
 
 
+def _resume_note(job: FineTuneJob) -> str:
+    """What the new gang does with the checkpoint after a re-plan (the trainer logs the details)."""
+    if str(job.spec.method.type) == "full":
+        return "resuming from the last checkpoint only if its ZeRO stage and world size are unchanged"
+    return "the new gang resumes from the last checkpoint, converted to the new strategy"
+
+
 def _handle_failure(
     b: _Builder, job: FineTuneJob, pod: PodView, term: Termination, *, plan: PlanStatus, replanner: Replanner
 ) -> tuple[PlanStatus, bool]:
@@ -226,7 +233,7 @@ def _handle_failure(
         if frugal is None:
             _fail(b, R.OUT_OF_MEMORY, f"{cause}; no more memory-frugal strategy is left to try")
             return plan, False
-        why = f"{cause}; re-planned from {describe_plan(plan)} to {describe_plan(frugal)}"
+        why = f"{cause}; re-planned from {describe_plan(plan)} to {describe_plan(frugal)}; {_resume_note(job)}"
         frugal = frugal.model_copy(update={"replans": plan.replans + 1, "replan_reason": why})
         b.update(restarts=b.status.restarts + 1)
         b.cond(ConditionType.RESTARTING, True, R.REPLANNED, why, warn=True)
