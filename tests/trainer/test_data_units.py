@@ -305,3 +305,36 @@ def test_injected_out_of_memory_is_a_real_torch_oom_classified_for_a_replan(monk
         checkpoint.fault_point("step", 4)
     assert outcome.classify(info.value) == outcome.OUT_OF_MEMORY
     assert outcome.failure_line(info.value, 0).startswith("OutOfMemory: CUDA out of memory")
+
+
+def test_injected_out_of_memory_fires_once_per_output_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The re-planned gang runs with the same env: it must pass the step the first gang died at."""
+    import torch
+
+    from finetune_trainer import checkpoint
+
+    monkeypatch.setenv("FTJOB_FAULT_OOM", "step:4")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(torch.OutOfMemoryError):
+        checkpoint.fault_point("step", 4, once_in=tmp_path)
+    checkpoint.fault_point("step", 4, once_in=tmp_path)  # the next gang: no error
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(torch.OutOfMemoryError):  # every rank fails once, as a real OOM would on each GPU
+        checkpoint.fault_point("step", 4, once_in=tmp_path)
+
+
+def test_predicted_tokens_are_the_labels_a_causal_loss_averages_over() -> None:
+    import torch
+
+    from finetune_trainer.loop import predicted_tokens
+
+    labels = torch.tensor([[IGNORE_INDEX, 5, 6, IGNORE_INDEX], [7, 8, 9, 10]])
+    logits = torch.randn(2, 4, 11)
+    total = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, 11), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    assert predicted_tokens(labels) == 5  # the first label of each row is never predicted
+    full = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, 11), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX
+    )
+    assert float(full) * predicted_tokens(labels) == pytest.approx(float(total))

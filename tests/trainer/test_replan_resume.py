@@ -1,4 +1,4 @@
-"""A re-plan keeps the work: a LoRA run resumes under every strategy the re-plan ladder can produce.
+"""A re-plan keeps the work: a LoRA/QLoRA run resumes under every strategy the re-plan ladder can produce.
 
 Each test is a chain of runs over one output folder. Run k trains under strategy k, saves
 a checkpoint every 3 steps and SIGKILLs all its ranks two steps after its last one (as an
@@ -56,12 +56,22 @@ class Strategy:
         return ", ".join(parts)
 
 
-def _manifest(model: Path, data: Path, strategy: Strategy, steps: int) -> dict[str, Any]:
+METHODS = {
+    "lora": ({"type": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}}, "fp32"),
+    # QLoRA needs a 16-bit job; on CPU the trainer computes in fp32 over the 4-bit base
+    "qlora": ({"type": "qlora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "qlora": {"quantType": "nf4"}}, "bf16"),
+}
+
+
+def _manifest(model: Path, data: Path, strategy: Strategy, steps: int, method: str) -> dict[str, Any]:
+    block, precision = METHODS[method]
     return job_manifest(
         str(model),
         str(data),
         "/out",
+        method=block,
         training={
+            "precision": precision,
             "maxSteps": steps,
             "microBatchSize": strategy.micro,
             "globalBatchSize": 8,
@@ -85,7 +95,7 @@ def _same_micro_batches(a: Strategy, b: Strategy) -> bool:
 
 
 def run_chain(
-    tmp_path: Path, model: Path, data: Path, launch: Callable[..., Run], chain: list[Strategy]
+    tmp_path: Path, model: Path, data: Path, launch: Callable[..., Run], method: str, chain: list[Strategy]
 ) -> list[tuple[str, int, float]]:
     """Runs the chain; returns (transition, step, |loss difference|) for every compared step."""
     steps = CHECKPOINT_EVERY * len(chain) + 2
@@ -93,7 +103,7 @@ def run_chain(
     measured: list[tuple[str, int, float]] = []
     previous: dict[int, float] = {}
     for k, strategy in enumerate(chain):
-        config = render_config(tmp_path / f"config-{k}", _manifest(model, data, strategy, steps))
+        config = render_config(tmp_path / f"config-{k}", _manifest(model, data, strategy, steps, method))
         last = k == len(chain) - 1
         kill_at = CHECKPOINT_EVERY * (k + 1) + 2
         env = {} if last else {"FTJOB_FAULT_KILL": f"step:{kill_at}"}
@@ -122,25 +132,33 @@ def run_chain(
     return measured
 
 
-CHAINS = {
+CHAINS: dict[str, tuple[str, list[Strategy]]] = {
     # the ladder upwards, one rung at a time, ending with the smaller micro-batch rung
-    "ladder": [
-        Strategy(0),
-        Strategy(1),
-        Strategy(2),
-        Strategy(3),
-        Strategy(3, offload_optimizer="cpu"),
-        Strategy(3, offload_optimizer="cpu", offload_params="cpu"),
-        Strategy(3, offload_optimizer="cpu", offload_params="cpu", micro=1, checkpointing=True),
-    ],
+    "ladder": (
+        "lora",
+        [
+            Strategy(0),
+            Strategy(1),
+            Strategy(2),
+            Strategy(3),
+            Strategy(3, offload_optimizer="cpu"),
+            Strategy(3, offload_optimizer="cpu", offload_params="cpu"),
+            Strategy(3, offload_optimizer="cpu", offload_params="cpu", micro=1, checkpointing=True),
+        ],
+    ),
     # downwards, a rung skipped, and the world size both ways
-    "world": [
-        Strategy(3),
-        Strategy(2),
-        Strategy(2, nodes=1),
-        Strategy(3, nodes=2, offload_optimizer="cpu"),
-        Strategy(2, micro=1),
-    ],
+    "world": (
+        "lora",
+        [
+            Strategy(3),
+            Strategy(2),
+            Strategy(2, nodes=1),
+            Strategy(3, nodes=2, offload_optimizer="cpu"),
+            Strategy(2, micro=1),
+        ],
+    ),
+    # the 4-bit frozen base is reloaded; only the adapter state moves from ZeRO-2 to ZeRO-3
+    "qlora": ("qlora", [Strategy(2), Strategy(3, offload_optimizer="cpu")]),
 }
 
 
@@ -149,5 +167,6 @@ CHAINS = {
 def test_resume_under_each_replanned_strategy_continues_the_run(
     tmp_path: Path, tiny_model_dir: Path, reverse_jsonl: Path, launch: Callable[..., Run], chain: str
 ) -> None:
-    measured = run_chain(tmp_path, tiny_model_dir, reverse_jsonl, launch, CHAINS[chain])
-    assert len(measured) >= len(CHAINS[chain]) - 1
+    method, strategies = CHAINS[chain]
+    measured = run_chain(tmp_path, tiny_model_dir, reverse_jsonl, launch, method, strategies)
+    assert len(measured) >= len(strategies) - 1

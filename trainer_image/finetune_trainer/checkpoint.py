@@ -93,17 +93,23 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def fault_point(where: str, step: int) -> None:
+def fault_point(where: str, step: int, once_in: Path | None = None) -> None:
     """Fault injection for the resume tests: FTJOB_FAULT_KILL=<where>:<step> SIGKILLs this rank
     there; FTJOB_FAULT_STOP=<where>:<step> SIGSTOPs it, so a test can kill the whole pod at a
     known step instead of racing the training loop; FTJOB_FAULT_OOM=<where>:<step> raises a
     real `torch.OutOfMemoryError` there, as a CUDA allocation would, so the operator's
-    out-of-memory re-plan can be driven by real ranks."""
+    out-of-memory re-plan can be driven by real ranks. With `once_in` (the output folder) the
+    out-of-memory error fires once per rank: the re-planned gang, started with the same
+    environment, passes the step."""
     here = f"{where}:{step}"
     if os.environ.get("FTJOB_FAULT_OOM") == here:
         import torch
 
-        raise torch.OutOfMemoryError(f"CUDA out of memory (injected by FTJOB_FAULT_OOM={here})")
+        marker = once_in / f".fault-oom-{where}-{step}-rank{os.environ.get('RANK', '0')}" if once_in else None
+        if marker is None or not marker.exists():
+            if marker is not None:
+                marker.touch()
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected by FTJOB_FAULT_OOM={here})")
     if os.environ.get("FTJOB_FAULT_KILL") == here:
         os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get("FTJOB_FAULT_STOP") == here:

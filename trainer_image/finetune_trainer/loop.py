@@ -320,7 +320,7 @@ class Trainer:
             if self.metrics is not None and self.metrics.alternate:
                 entry["metrics"] = "off" if self.metrics.paused else "on"
             self._record(entry)
-            checkpoint.fault_point("step", done)
+            checkpoint.fault_point("step", done, once_in=self.out)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{last_loss:.3f}", lr=f"{lr:.2e}")

@@ -75,14 +75,18 @@ def _optimizer_step(engine: Any) -> int:
     return 0
 
 
-def gather(engine: Any) -> dict[str, Any]:
-    """Collective: every rank calls it; the full state is returned on every rank."""
+def gather(engine: Any, keep: bool = True) -> dict[str, Any]:
+    """Collective: every rank calls it; only ranks with `keep` hold the gathered tensors."""
     params: dict[str, Any] = {}
     moments: dict[str, dict[str, Any]] = {key: {} for key in MOMENTS}
     for name, param in _trainable(engine):
-        params[name] = _full_value(engine, name, param)
+        value = _full_value(engine, name, param)
+        if keep:
+            params[name] = value
         for key in MOMENTS:
-            moments[key][name] = _full_moment(engine, name, param, key)
+            value = _full_moment(engine, name, param, key)
+            if keep:
+                moments[key][name] = value
     scheduler = engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None
     return {
         "params": params,
@@ -96,7 +100,7 @@ def save(engine: Any, folder: Path, rank: int) -> None:
     """Collective gather; rank 0 writes the file into the (temporary) checkpoint folder."""
     import torch
 
-    state = gather(engine)
+    state = gather(engine, keep=rank == 0)  # the others take part in the collectives only
     if rank == 0:
         torch.save(state, folder / TRAINABLE_FILE)
 

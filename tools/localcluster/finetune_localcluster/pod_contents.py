@@ -11,6 +11,7 @@ kubelet does.
 from __future__ import annotations
 
 import base64
+import os
 import re
 import sys
 from pathlib import Path
@@ -85,6 +86,9 @@ class PodView:
 
     def container_env(self, container: Obj) -> dict[str, str]:
         env = {"PATH": BASE_PATH, "HOME": "/root", "HOSTNAME": hostname(self.pod), "LANG": "C.UTF-8"}
+        if os.environ.get("PYTHONPATH"):
+            # the node's own source tree is the "image": a worktree's code runs in its pods
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         for src in container.get("envFrom", []):
             for key, kind in (("configMapRef", "configmaps"), ("secretRef", "secrets")):
                 if key in src:
