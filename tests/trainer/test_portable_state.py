@@ -105,3 +105,40 @@ def test_an_8b_lora_checkpoint_is_adapter_plus_optimizer_state() -> None:
     assert 40_000_000 < trainable < 45_000_000  # 41.9M: 16 x (in + out) of every linear layer
     assert checkpoint_bytes <= adapter_bytes + optimizer_bytes + PICKLE_OVERHEAD
     assert checkpoint_bytes < frozen_bytes / 30
+
+
+STRATEGY = {
+    "zeroStage": 2,
+    "offloadOptimizer": "none",
+    "offloadParams": "none",
+    "microBatchSize": 2,
+    "gradientAccumulationSteps": 2,
+    "worldSize": 2,
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "refused"),
+    [
+        ({"zeroStage": 3}, "zeroStage: 2 -> 3"),
+        ({"worldSize": 1, "gradientAccumulationSteps": 4}, "worldSize: 2 -> 1"),
+        ({"microBatchSize": 1, "gradientAccumulationSteps": 4}, None),  # same shards: DeepSpeed loads them
+        ({}, None),
+    ],
+)
+def test_full_fine_tuning_refuses_shards_of_another_zero_stage_or_world_size(
+    tmp_path: Path, change: dict[str, Any], refused: str | None
+) -> None:
+    """Before, DeepSpeed's bare `assert len(self.ckpt_list) > 0` failed every gang restart."""
+    from finetune_trainer import checkpoint
+    from finetune_trainer.settings import ConfigError
+
+    found = checkpoint.Found(tmp_path / "step-00000003", 3, {"strategy": STRATEGY, "checkpointFormat": "deepspeed"})
+    now = {**STRATEGY, **change}
+    if refused is None:
+        checkpoint.check_deepspeed_resume(found, now)
+        return
+    with pytest.raises(ConfigError) as info:
+        checkpoint.check_deepspeed_resume(found, now)
+    message = str(info.value)
+    assert refused in message and "written by ZeRO-2, micro-batch 2 x accumulation 2 x world 2" in message
