@@ -170,3 +170,27 @@ def test_resume_under_each_replanned_strategy_continues_the_run(
     method, strategies = CHAINS[chain]
     measured = run_chain(tmp_path, tiny_model_dir, reverse_jsonl, launch, method, strategies)
     assert len(measured) >= len(strategies) - 1
+
+
+@pytest.mark.timeout(600)
+def test_full_fine_tuning_refuses_another_zero_stage_with_a_config_error(
+    tmp_path: Path, tiny_model_dir: Path, reverse_jsonl: Path, launch: Callable[..., Run]
+) -> None:
+    """Full fine-tuning keeps DeepSpeed's shards: a ZeRO-2 checkpoint read at ZeRO-3 failed every
+    gang restart on DeepSpeed's bare assertion; now the first restart fails for good, saying why."""
+    out = tmp_path / "out"
+    steps = CHECKPOINT_EVERY + 2
+
+    def manifest(zero: int) -> dict[str, Any]:
+        doc = _manifest(tiny_model_dir, reverse_jsonl, Strategy(zero), steps + 3, "lora")
+        doc["spec"]["method"] = {"type": "full"}
+        return doc
+
+    first = launch(
+        render_config(tmp_path / "config-2", manifest(2)), out, tag="zero2", env={"FTJOB_FAULT_KILL": f"step:{steps}"}
+    )
+    assert first.wait(300) != 0 and (out / "checkpoints" / f"step-{CHECKPOINT_EVERY:08d}").is_dir(), first.log()[-3000:]
+    second = launch(render_config(tmp_path / "config-3", manifest(3)), out, tag="zero3")
+    assert second.wait(300) != 0, second.log()[-3000:]
+    line = second.termination()
+    assert line.startswith("ConfigError: checkpoint ") and "zeroStage: 2 -> 3" in line, line
