@@ -125,7 +125,7 @@ def test_cel_rules_fire_with_the_models_message(
     [
         ({"model": {"uri": "other/model"}}, "spec.model"),
         ({"training": {"seed": 7}}, "spec.training"),
-        ({"resources": {"numNodes": 4}}, "spec.resources.numNodes"),
+        ({"resources": {"gpusPerNode": 4}}, "spec.resources.gpusPerNode"),
         ({"method": {"type": "full"}}, "spec.method"),
     ],
 )
@@ -142,9 +142,29 @@ def test_mutable_fields_can_change(crd: dict[str, Any], kube: Kube, namespace: s
     create(kube, namespace, job_document())
     patched = kube.merge_patch(
         JOBS.format(ns=namespace) + "/job",
-        {"spec": {"suspend": True, "deepspeed": {"zeroStage": 3}, "failurePolicy": {"backoffLimit": 9}}},
+        {
+            "spec": {
+                "suspend": True,
+                "deepspeed": {"zeroStage": 3},
+                "failurePolicy": {"backoffLimit": 9},
+                "resources": {"numNodes": 3},
+            }
+        },
     )
-    assert patched["spec"]["suspend"] is True and patched["metadata"]["generation"] == 2
+    assert (
+        patched["spec"]["suspend"] is True
+        and patched["spec"]["resources"]["numNodes"] == 3
+        and patched["metadata"]["generation"] == 2
+    )
+
+
+def test_full_fine_tuning_keeps_its_world_size(crd: dict[str, Any], kube: Kube, namespace: str) -> None:
+    """A LoRA job's checkpoint loads on any world size; full fine-tuning's DeepSpeed shards do not."""
+    create(kube, namespace, job_document(method={"type": "full"}))
+    with pytest.raises(KubeError) as info:
+        kube.merge_patch(JOBS.format(ns=namespace) + "/job", {"spec": {"resources": {"numNodes": 2}}})
+    assert info.value.status == 422 and "spec.resources.numNodes" in str(info.value), str(info.value)
+    assert "full fine-tuning" in str(info.value)
 
 
 def test_status_subresource_and_printer_columns(

@@ -189,6 +189,22 @@ def test_sampler_is_a_pure_function_of_the_step_and_disjoint_across_ranks() -> N
     assert sampler.position(6) == {"epoch": 1, "step_in_epoch": 2, "sample_offset": 24}
 
 
+@pytest.mark.parametrize(
+    ("world", "micro", "accumulation"), [(2, 2, 2), (1, 2, 4), (4, 1, 2), (1, 1, 8), (2, 4, 1), (8, 1, 1)]
+)
+def test_sampler_reads_the_same_samples_per_step_however_the_global_batch_is_split(
+    world: int, micro: int, accumulation: int
+) -> None:
+    """A resume after a change of world size or micro-batch neither skips nor repeats a sample."""
+    reference = EpochSampler(size=70, world=2, micro=2, accumulation=2, seed=9)
+    split = EpochSampler(size=70, world=world, micro=micro, accumulation=accumulation, seed=9)
+    assert split.steps_per_epoch == reference.steps_per_epoch == 8
+    for step in range(2 * reference.steps_per_epoch):  # across the epoch boundary too
+        read = [i for r in range(world) for mb in split.micro_batches(step, r) for i in mb]
+        assert sorted(read) == sorted(reference.global_batch(step)), step
+        assert len(read) == len(set(read)) == 8
+
+
 def test_validation_split_is_deterministic_and_disjoint() -> None:
     train, val = split_validation(100, 0.05, seed=3)
     assert (train, val) == split_validation(100, 0.05, seed=3)
@@ -339,3 +355,49 @@ def test_the_missing_kernels_package_warning_of_bitsandbytes_is_dropped_and_noth
     assert len(lines) == 2, lines
     assert "kernels-community: kernels 0.10 is too old" in lines[0]
     assert "something else: No module named 'kernels'" in lines[1]
+
+
+def test_injected_out_of_memory_is_a_real_torch_oom_classified_for_a_replan(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from finetune_trainer import checkpoint
+
+    monkeypatch.setenv("FTJOB_FAULT_OOM", "step:4")
+    checkpoint.fault_point("step", 3)  # another step: nothing happens
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        checkpoint.fault_point("step", 4)
+    assert outcome.classify(info.value) == outcome.OUT_OF_MEMORY
+    assert outcome.failure_line(info.value, 0).startswith("OutOfMemory: CUDA out of memory")
+
+
+def test_injected_out_of_memory_fires_once_per_output_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The re-planned gang runs with the same env: it must pass the step the first gang died at."""
+    import torch
+
+    from finetune_trainer import checkpoint
+
+    monkeypatch.setenv("FTJOB_FAULT_OOM", "step:4")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(torch.OutOfMemoryError):
+        checkpoint.fault_point("step", 4, once_in=tmp_path)
+    checkpoint.fault_point("step", 4, once_in=tmp_path)  # the next gang: no error
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(torch.OutOfMemoryError):  # every rank fails once, as a real OOM would on each GPU
+        checkpoint.fault_point("step", 4, once_in=tmp_path)
+
+
+def test_predicted_tokens_are_the_labels_a_causal_loss_averages_over() -> None:
+    import torch
+
+    from finetune_trainer.loop import predicted_tokens
+
+    labels = torch.tensor([[IGNORE_INDEX, 5, 6, IGNORE_INDEX], [7, 8, 9, 10]])
+    logits = torch.randn(2, 4, 11)
+    total = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, 11), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    assert predicted_tokens(labels) == 5  # the first label of each row is never predicted
+    full = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, 11), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX
+    )
+    assert float(full) * predicted_tokens(labels) == pytest.approx(float(total))

@@ -10,6 +10,7 @@ import yaml
 
 from finetune_operator.api import crdgen
 from tests.crd_schema import ApiserverEmulation, openapi_schema
+from tests.factories import job_document
 
 EXAMPLES = sorted(Path(__file__).resolve().parents[2].joinpath("examples").glob("*.yaml"))
 
@@ -108,3 +109,42 @@ def test_examples_agree_between_models_and_schema(example: Path) -> None:
         else:
             assert schema_problems == [], schema_problems
             assert loaded.problems == []
+
+
+def _transition_allows(field_path: str, old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Evaluate the spec's transition rule for `field_path` as the apiserver would on an update."""
+    import celpy  # type: ignore[import-untyped]
+
+    spec_schema = openapi_schema()["properties"]["spec"]
+    (rule,) = [
+        r
+        for r in spec_schema["x-kubernetes-validations"]
+        if r.get("fieldPath") == field_path and "oldSelf" in r["rule"]
+    ]
+    env = celpy.Environment()
+    program = env.program(env.compile(rule["rule"]))
+    result = program.evaluate({"self": celpy.json_to_cel(new), "oldSelf": celpy.json_to_cel(old)})
+    return not isinstance(result, Exception) and bool(result)
+
+
+@pytest.mark.parametrize(
+    ("method", "old_nodes", "new_nodes", "allowed"),
+    [
+        ("lora", 2, 1, True),  # an adapter's checkpoint loads on any world size: the gang rolls and resumes
+        ("qlora", None, 4, True),
+        ("lora", 2, 2, True),
+        ("full", 2, 1, False),  # DeepSpeed shards are tied to the world size
+        ("full", None, 1, True),  # the default is 1: no change
+        ("full", None, 2, False),
+    ],
+)
+def test_num_nodes_is_mutable_except_for_full_fine_tuning(
+    method: str, old_nodes: int | None, new_nodes: int, allowed: bool
+) -> None:
+    def spec(nodes: int | None) -> dict[str, Any]:
+        doc = job_document(method={"type": method})["spec"]
+        if nodes is not None:
+            doc["resources"] = {"numNodes": nodes}
+        return dict(doc)
+
+    assert _transition_allows(".resources.numNodes", spec(old_nodes), spec(new_nodes)) is allowed

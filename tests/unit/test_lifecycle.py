@@ -213,6 +213,7 @@ def test_out_of_memory_replans_to_a_more_frugal_strategy(term: dict[str, Any], o
     assert (plan.replans == 1) is oom
     if oom:
         assert plan.replan_reason is not None and "ZeRO-2" in plan.replan_reason and "ZeRO-3" in plan.replan_reason
+        assert "resumes from the last checkpoint, converted to the new strategy" in plan.replan_reason
         assert "OutOfMemoryReplanned" in reasons(decision)
 
 

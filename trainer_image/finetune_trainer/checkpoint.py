@@ -1,10 +1,19 @@
-"""Resumable checkpoints that a kill at any moment cannot corrupt.
+"""Resumable checkpoints that a kill at any moment cannot corrupt, and that outlive a re-plan.
 
-Every rank writes its DeepSpeed shards and RNG state into `checkpoints/.tmp-step-N`;
-after a barrier, rank 0 writes `trainer_state.json` there last and renames the folder
-to `step-N`. A folder named `step-*` is therefore complete by construction; `.tmp-*`
+Every rank writes its part and its RNG state into `checkpoints/.tmp-step-N`; after a
+barrier, rank 0 writes `trainer_state.json` there last and renames the folder to
+`step-N`. A folder named `step-*` is therefore complete by construction; `.tmp-*`
 leftovers of a killed save are deleted on the next start. The data position is a pure
-function of the global step (see `EpochSampler`), and is also recorded for humans.
+function of the global step and the global batch (see `EpochSampler`), and is also
+recorded for humans.
+
+Two formats, named in `trainer_state.json` (`checkpointFormat`) beside the strategy that
+wrote it (`strategy`: ZeRO stage, offload, micro-batch, accumulation, world size):
+- `trainable` (LoRA, QLoRA): the consolidated trainable state of `portable`; any ZeRO
+  stage, offload, micro-batch or world size loads it, and the frozen base is not saved.
+- `deepspeed` (full fine-tuning): DeepSpeed's own shards, which only the same ZeRO stage
+  and world size can read; another strategy is refused with a `ConfigError` naming what
+  changed, instead of DeepSpeed's bare assertion on every restart.
 """
 
 from __future__ import annotations
@@ -84,11 +93,23 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def fault_point(where: str, step: int) -> None:
+def fault_point(where: str, step: int, once_in: Path | None = None) -> None:
     """Fault injection for the resume tests: FTJOB_FAULT_KILL=<where>:<step> SIGKILLs this rank
     there; FTJOB_FAULT_STOP=<where>:<step> SIGSTOPs it, so a test can kill the whole pod at a
-    known step instead of racing the training loop."""
+    known step instead of racing the training loop; FTJOB_FAULT_OOM=<where>:<step> raises a
+    real `torch.OutOfMemoryError` there, as a CUDA allocation would, so the operator's
+    out-of-memory re-plan can be driven by real ranks. With `once_in` (the output folder) the
+    out-of-memory error fires once per rank: the re-planned gang, started with the same
+    environment, passes the step."""
     here = f"{where}:{step}"
+    if os.environ.get("FTJOB_FAULT_OOM") == here:
+        import torch
+
+        marker = once_in / f".fault-oom-{where}-{step}-rank{os.environ.get('RANK', '0')}" if once_in else None
+        if marker is None or not marker.exists():
+            if marker is not None:
+                marker.touch()
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected by FTJOB_FAULT_OOM={here})")
     if os.environ.get("FTJOB_FAULT_KILL") == here:
         os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get("FTJOB_FAULT_STOP") == here:
@@ -120,9 +141,66 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save(engine: Any, root: Path, step: int, state: dict[str, Any], *, rank: int, barrier: Any) -> Path:
-    """Write a checkpoint collectively; returns the final folder."""
+FORMAT_TRAINABLE = "trainable"
+FORMAT_DEEPSPEED = "deepspeed"
+_SHARDING = ("zeroStage", "worldSize")
+"""Strategy fields DeepSpeed's own shards depend on (offload and micro-batching do not)."""
+
+
+def describe(strategy: dict[str, Any]) -> str:
+    """`ZeRO-2, micro-batch 2 x accumulation 2 x world 2` (+ offload where there is one)."""
+    parts = [f"ZeRO-{strategy.get('zeroStage', '?')}"]
+    if strategy.get("offloadOptimizer", "none") != "none":
+        parts.append(f"optimizer offload {strategy['offloadOptimizer']}")
+    if strategy.get("offloadParams", "none") != "none":
+        parts.append(f"parameter offload {strategy['offloadParams']}")
+    parts.append(
+        f"micro-batch {strategy.get('microBatchSize', '?')} x accumulation "
+        f"{strategy.get('gradientAccumulationSteps', '?')} x world {strategy.get('worldSize', '?')}"
+    )
+    return ", ".join(parts)
+
+
+def changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """`field: old -> new` for each strategy field that differs."""
+    return [f"{key}: {saved.get(key)} -> {now.get(key)}" for key in sorted(now) if saved.get(key) != now.get(key)]
+
+
+def check_deepspeed_resume(found: Found, strategy: dict[str, Any]) -> None:
+    """Refuse DeepSpeed shards written under another ZeRO stage or world size (full fine-tuning)."""
+    from .settings import ConfigError
+
+    saved = found.state.get("strategy")
+    if not isinstance(saved, dict):
+        return  # written before strategies were recorded: let DeepSpeed try
+    changed = [c for c in changes(saved, strategy) if c.split(":")[0] in _SHARDING]
+    if changed:
+        raise ConfigError(
+            f"checkpoint {found.path} was written by {describe(saved)}, this run is {describe(strategy)}; "
+            f"full fine-tuning checkpoints are DeepSpeed shards that cannot be resharded here "
+            f"({'; '.join(changed)}). Pin deepspeed.zeroStage and resources.numNodes to the old values, "
+            "or delete the checkpoints to start over"
+        )
+
+
+def save(
+    engine: Any,
+    root: Path,
+    step: int,
+    state: dict[str, Any],
+    *,
+    rank: int,
+    barrier: Any,
+    portable_state: bool = False,
+) -> Path:
+    """Write a checkpoint collectively; returns the final folder.
+
+    `portable_state` writes the strategy-independent trainable state (LoRA, QLoRA)
+    instead of DeepSpeed's shards.
+    """
     import torch
+
+    from . import portable
 
     tmp_tag = f"{TMP_PREFIX}{step_dir_name(step)}"
     tmp = root / tmp_tag
@@ -132,7 +210,12 @@ def save(engine: Any, root: Path, step: int, state: dict[str, Any], *, rank: int
         if tmp.exists():
             shutil.rmtree(tmp)
     barrier()
-    engine.save_checkpoint(str(root), tag=tmp_tag, save_latest=False)
+    if portable_state:
+        tmp.mkdir(parents=True, exist_ok=True)  # every rank writes its RNG state there
+        portable.save(engine, tmp, rank)
+    else:
+        engine.save_checkpoint(str(root), tag=tmp_tag, save_latest=False)
+    state = {**state, "checkpointFormat": FORMAT_TRAINABLE if portable_state else FORMAT_DEEPSPEED}
     torch.save(rng_state(), tmp / f"rng_state_rank{rank}.pt")
     barrier()
     if rank == 0:
@@ -151,14 +234,20 @@ def save(engine: Any, root: Path, step: int, state: dict[str, Any], *, rank: int
     return final
 
 
-def load(engine: Any, found: Found, rank: int) -> None:
-    """Restore engine (weights, optimizer, scheduler) and this rank's RNG."""
+def load(engine: Any, found: Found, rank: int, strategy: dict[str, Any]) -> None:
+    """Restore engine (weights, optimizer, scheduler) and this rank's RNG under `strategy`."""
     import torch
 
-    path, tag = found.path.parent, found.path.name
-    loaded, _ = engine.load_checkpoint(str(path), tag=tag, load_module_strict=False)
-    if loaded is None:
-        raise RuntimeError(f"DeepSpeed could not load checkpoint {found.path}")
+    from . import portable
+
+    if found.state.get("checkpointFormat") == FORMAT_TRAINABLE:
+        portable.load(engine, found.path)
+    else:
+        check_deepspeed_resume(found, strategy)
+        path, tag = found.path.parent, found.path.name
+        loaded, _ = engine.load_checkpoint(str(path), tag=tag, load_module_strict=False)
+        if loaded is None:
+            raise RuntimeError(f"DeepSpeed could not load checkpoint {found.path}")
     rng_file = found.path / f"rng_state_rank{rank}.pt"
     if rng_file.exists():
         restore_rng(torch.load(rng_file, weights_only=False))

@@ -251,10 +251,14 @@ class Trainer:
         found = checkpoint.newest(self.ckpt_root)
         state: dict[str, Any] = {}
         if found is not None:
-            checkpoint.load(self.engine, found, rank)
+            self._check_global_batch(found)
+            checkpoint.load(self.engine, found, rank, self.strategy)
             state = dict(found.state)
+            self.engine.global_steps = int(state.get("global_step", 0))
+            self.engine.global_samples = self.engine.global_steps * self.sampler.per_step
             if rank == 0:
                 log.info("resumed from %s (step %d, %s)", found.path, found.step, found.state.get("data_position"))
+                self._log_replan(found)
         start = int(state.get("global_step", 0))
         before = state.get("eval_before")
         if before is None:
@@ -279,6 +283,7 @@ class Trainer:
             began = time.perf_counter()
             wait = 0.0
             loss_sum = 0.0
+            label_sum = 0
             step_tokens = step_samples = step_trained = 0
             micro = self.sampler.micro_batches(step, rank)
             lr = float(self.engine.get_lr()[0])
@@ -290,14 +295,20 @@ class Trainer:
                 loss = self.loss(self.engine, inputs)
                 self.engine.backward(loss)
                 self.engine.step()
-                loss_sum += float(loss.detach())
+                labels = predicted_tokens(batch["labels"])
+                if labels:  # a micro-batch with nothing to predict has a NaN mean and no weight
+                    loss_sum += float(loss.detach()) * labels
+                    label_sum += labels
                 step_tokens += batch["useful_tokens"]
                 step_samples += batch["samples"]
                 step_trained += batch["trained_tokens"]
-            loss_mean, tok_all, samp_all, trained_all = self.dist.sum(
-                [loss_sum / len(micro), step_tokens, step_samples, step_trained]
+            loss_all, label_all, tok_all, samp_all, trained_all = self.dist.sum(
+                [loss_sum, label_sum, step_tokens, step_samples, step_trained]
             )
-            last_loss = loss_mean / self.dist.world
+            # the mean over every predicted token of the global batch: the same number whatever the
+            # micro-batch, accumulation or world size split the batch into (a mean of micro-batch
+            # means is not), so runs under different strategies can be compared step by step
+            last_loss = loss_all / max(1.0, label_all)
             tokens += int(tok_all)
             trained_tokens += int(trained_all)
             samples += int(samp_all)
@@ -333,7 +344,7 @@ class Trainer:
             if self.metrics is not None and self.metrics.alternate:
                 entry["metrics"] = "off" if self.metrics.paused else "on"
             self._record(entry)
-            checkpoint.fault_point("step", done)
+            checkpoint.fault_point("step", done, once_in=self.out)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{last_loss:.3f}", lr=f"{lr:.2e}")
@@ -361,9 +372,60 @@ class Trainer:
         self._record({"step": self.total_steps, "eval": after})
         return self._finish(before, after, last_loss, tokens=tokens, samples=samples, trained_tokens=trained_tokens)
 
+    @property
+    def strategy(self) -> dict[str, Any]:
+        """How this run shards, offloads and batches: recorded with every checkpoint."""
+        plan = self.plan
+        return {
+            "zeroStage": plan.zero_stage,
+            "offloadOptimizer": plan.offload_optimizer,
+            "offloadParams": plan.offload_params,
+            "microBatchSize": plan.micro_batch_size,
+            "gradientAccumulationSteps": plan.gradient_accumulation_steps,
+            "worldSize": self.dist.world,
+        }
+
+    def _check_global_batch(self, found: checkpoint.Found) -> None:
+        """The data position is `step x global batch`: a resume must keep the global batch."""
+        from .settings import ConfigError
+
+        saved = found.state.get("strategy")
+        if not isinstance(saved, dict):
+            return
+        before = int(saved["microBatchSize"]) * int(saved["gradientAccumulationSteps"]) * int(saved["worldSize"])
+        if before != self.sampler.per_step:
+            raise ConfigError(
+                f"checkpoint {found.path} was written with a global batch of {before} sequences "
+                f"({checkpoint.describe(saved)}); this run's is {self.sampler.per_step} "
+                f"({checkpoint.describe(self.strategy)}), so its data position would skip or repeat samples. "
+                "Choose training.globalBatchSize divisible by numNodes x gpusPerNode x microBatchSize"
+            )
+
+    def _log_replan(self, found: checkpoint.Found) -> None:
+        saved = found.state.get("strategy")
+        if isinstance(saved, dict) and checkpoint.changes(saved, self.strategy):
+            log.warning(
+                "resumed from step %d written by %s; now %s (%s): %s",
+                found.step,
+                checkpoint.describe(saved),
+                checkpoint.describe(self.strategy),
+                "; ".join(checkpoint.changes(saved, self.strategy)),
+                "the trainable state was re-partitioned for the new strategy"
+                if found.state.get("checkpointFormat") == checkpoint.FORMAT_TRAINABLE
+                else "same sharding, DeepSpeed shards loaded as they are",
+            )
+
     def _checkpoint(self, step: int, state: dict[str, Any]) -> None:
         t0 = time.perf_counter()
-        checkpoint.save(self.engine, self.ckpt_root, step, state, rank=self.dist.rank, barrier=self.dist.barrier)
+        checkpoint.save(
+            self.engine,
+            self.ckpt_root,
+            step,
+            {**state, "strategy": self.strategy},
+            rank=self.dist.rank,
+            barrier=self.dist.barrier,
+            portable_state=str(self.spec.method.type) != "full",
+        )
         if self.dist.rank == 0:
             checkpoint.prune(self.ckpt_root, self.spec.training.checkpoints_to_keep)
         if self.metrics is not None:
@@ -411,6 +473,13 @@ class Trainer:
         from tqdm import tqdm  # type: ignore[import-untyped]
 
         return tqdm(total=self.total_steps, initial=start, desc="training", unit="step", dynamic_ncols=True)
+
+
+def predicted_tokens(labels: Any) -> int:
+    """Tokens a causal LM's loss averages over: labels shifted by one, ignored ones left out."""
+    from .data.formats import IGNORE_INDEX
+
+    return int((labels[:, 1:] != IGNORE_INDEX).sum())
 
 
 def _brief(result: dict[str, Any]) -> str:

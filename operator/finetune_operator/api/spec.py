@@ -668,15 +668,24 @@ IMMUTABLE_SPEC_RULES: tuple[CrossFieldRule, ...] = (
         )
         for field in ("model", "dataset", "method", "training", "output")
     ),
-    *(
-        CrossFieldRule(
-            cel=_same_defaulted("resources", field, 1),
-            message=f"spec.resources.{field} is immutable: the checkpoint layout depends on the world size",
-            field_path=f".resources.{field}",
-            check=lambda _s: True,
-            transition=True,
-        )
-        for field in ("numNodes", "gpusPerNode")
+    CrossFieldRule(
+        cel=_same_defaulted("resources", "gpusPerNode", 1),
+        message="spec.resources.gpusPerNode is immutable: the checkpoint layout depends on the world size",
+        field_path=".resources.gpusPerNode",
+        check=lambda _s: True,
+        transition=True,
+    ),
+    CrossFieldRule(
+        # LoRA/QLoRA checkpoints are strategy-independent (any world size loads them); a change
+        # rolls the gang, which resumes on the new world size
+        cel="!(has(self.method) && has(self.method.type) && self.method.type == 'full') || ("
+        + _same_defaulted("resources", "numNodes", 1)
+        + ")",
+        message="spec.resources.numNodes is immutable for full fine-tuning: its checkpoints are DeepSpeed "
+        "shards tied to the world size (LoRA and QLoRA jobs may change it)",
+        field_path=".resources.numNodes",
+        check=lambda _s: True,
+        transition=True,
     ),
 )
 """Transition rules on the spec: what a job cannot change once it exists."""

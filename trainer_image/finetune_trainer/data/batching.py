@@ -101,10 +101,13 @@ def collate(rows: Sequence[Row], pad_id: int, explicit_mask: bool) -> dict[str, 
 class EpochSampler:
     """Which sequences each rank reads at each optimizer step: a pure function of the step.
 
-    Every epoch is a permutation seeded by (seed, epoch); an epoch holds `steps_per_epoch`
-    whole optimizer steps (the remainder is dropped). Because the data position is
-    derived from the global step, resuming from a checkpoint continues the exact sample
-    stream without storing an iterator.
+    Every epoch is a permutation seeded by (seed, epoch) alone; an epoch holds
+    `steps_per_epoch` whole optimizer steps (the remainder is dropped). Step `s` reads the
+    global sample indices `[s * per_step, (s + 1) * per_step)` of the epoch's order, and
+    only then are they dealt out to ranks and micro-batches. So the samples of a step depend
+    on the global batch, never on how it is split: a resume after a change of world size,
+    micro-batch or accumulation continues the exact sample stream, without storing an
+    iterator.
     """
 
     size: int
@@ -130,14 +133,18 @@ class EpochSampler:
 
     def micro_batches(self, step: int, rank: int) -> list[list[int]]:
         """Indices of the `accumulation` micro-batches rank `rank` reads for 0-based `step`."""
-        epoch, within = divmod(step, self.steps_per_epoch)
-        order = self.permutation(epoch)
-        base = within * self.per_step
+        batch = self.global_batch(step)
         out = []
         for a in range(self.accumulation):
-            start = base + (a * self.world + rank) * self.micro
-            out.append(order[start : start + self.micro])
+            start = (a * self.world + rank) * self.micro
+            out.append(batch[start : start + self.micro])
         return out
+
+    def global_batch(self, step: int) -> list[int]:
+        """The sequences of 0-based `step` on all ranks together, in global sample order."""
+        epoch, within = divmod(step, self.steps_per_epoch)
+        base = within * self.per_step
+        return self.permutation(epoch)[base : base + self.per_step]
 
     def position(self, step: int) -> dict[str, int]:
         epoch, within = divmod(step, self.steps_per_epoch)

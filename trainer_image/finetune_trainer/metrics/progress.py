@@ -32,7 +32,9 @@ class ProgressMetrics:
         self.max_steps = Gauge("finetune_train_max_steps", "Optimizer steps planned for the run.", registry=registry)
         self.epoch = Gauge("finetune_train_epoch", "Fractional epoch of the data stream.", registry=registry)
         self.loss = Gauge(
-            "finetune_train_loss", "Training loss of the last step, averaged over ranks.", registry=registry
+            "finetune_train_loss",
+            "Training loss of the last step: the mean over every predicted token of the global batch.",
+            registry=registry,
         )
         self.learning_rate = Gauge("finetune_train_learning_rate", "Learning rate of the last step.", registry=registry)
         self.grad_norm = Gauge(

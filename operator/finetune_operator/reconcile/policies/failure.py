@@ -5,7 +5,7 @@ next more frugal strategy; a root cause a restart cannot change fails the job at
 
 from __future__ import annotations
 
-from ...api.spec import OomAction
+from ...api.spec import MethodType, OomAction
 from ...api.status import ConditionType, LastFailure, PlanStatus
 from .. import reasons as R
 from ..observed import PodView, Termination
@@ -18,6 +18,13 @@ def _first_failure(pods: tuple[PodView, ...]) -> tuple[PodView, Termination] | N
         if term is not None:
             return pod, term
     return None
+
+
+def _resume_note(ctx: Context) -> str:
+    """What the new gang does with the checkpoint after a re-plan (the trainer logs the details)."""
+    if ctx.job.spec.method.type == MethodType.FULL:
+        return "resuming from the last checkpoint only if its ZeRO stage and world size are unchanged"
+    return "the new gang resumes from the last checkpoint, converted to the new strategy"
 
 
 def _handle(
@@ -53,7 +60,7 @@ def _handle(
         if frugal is None:
             b.fail(R.OUT_OF_MEMORY, f"{cause}; no more memory-frugal strategy is left to try")
             return plan, False
-        why = f"{cause}; re-planned from {describe_plan(plan)} to {describe_plan(frugal)}"
+        why = f"{cause}; re-planned from {describe_plan(plan)} to {describe_plan(frugal)}; {_resume_note(ctx)}"
         frugal = frugal.model_copy(update={"replans": plan.replans + 1, "replan_reason": why})
         b.update(restarts=b.status.restarts + 1)
         b.cond(ConditionType.RESTARTING, True, R.REPLANNED, why, warn=True)

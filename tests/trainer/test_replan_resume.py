@@ -1,0 +1,196 @@
+"""A re-plan keeps the work: a LoRA/QLoRA run resumes under every strategy the re-plan ladder can produce.
+
+Each test is a chain of runs over one output folder. Run k trains under strategy k, saves
+a checkpoint every 3 steps and SIGKILLs all its ranks two steps after its last one (as an
+out-of-memory kill would); run k+1 resumes from that checkpoint under strategy k+1. The
+first step after the resume is the step the killed run had already logged: its loss
+must be the same, which shows the restored adapter is what the forward pass uses. The
+second step also depends on the restored Adam moments and LR schedule, so it must match
+too, wherever the new strategy splits the global batch into the same micro-batches (a
+changed micro-batch changes the mean of micro-batch means the gradient follows).
+
+Tolerance: the runs compute in fp32 on the same weights and the same global batch of
+samples; what differs is the order of reductions (ZeRO partitioning, a gather instead of
+a local copy, padding widths of other micro-batches, a different count of ranks in the
+all-reduce). Those are a few ulps of fp32 (~1e-7 relative) per operation through two
+64-wide layers, so 1e-5 relative is loose enough for rounding and far below what a wrong
+weight, a zeroed moment or a restarted LR warmup produce (1e-3 and more on this model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Run, job_manifest, render_config
+
+pytestmark = [pytest.mark.trainer, pytest.mark.slow]
+
+CHECKPOINT_EVERY = 3
+TOLERANCE = 1e-5
+
+
+@dataclass(frozen=True)
+class Strategy:
+    zero: int
+    nodes: int = 2
+    micro: int = 2
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+    checkpointing: bool = False
+
+    def __str__(self) -> str:
+        checkpointing = ", checkpointing" if self.checkpointing else ""
+        return f"{self.label()}, micro-batch {self.micro}, {self.nodes} node(s){checkpointing}"
+
+    def label(self) -> str:
+        parts = [f"ZeRO-{self.zero}"]
+        if self.offload_optimizer != "none":
+            parts.append(f"optimizer offload {self.offload_optimizer}")
+        if self.offload_params != "none":
+            parts.append(f"parameter offload {self.offload_params}")
+        return ", ".join(parts)
+
+
+METHODS = {
+    "lora": ({"type": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}}, "fp32"),
+    # QLoRA needs a 16-bit job; on CPU the trainer computes in fp32 over the 4-bit base
+    "qlora": ({"type": "qlora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "qlora": {"quantType": "nf4"}}, "bf16"),
+}
+
+
+def _manifest(model: Path, data: Path, strategy: Strategy, steps: int, method: str) -> dict[str, Any]:
+    block, precision = METHODS[method]
+    return job_manifest(
+        str(model),
+        str(data),
+        "/out",
+        method=block,
+        training={
+            "precision": precision,
+            "maxSteps": steps,
+            "microBatchSize": strategy.micro,
+            "globalBatchSize": 8,
+            "checkpointEverySteps": CHECKPOINT_EVERY,
+            "checkpointsToKeep": 1,
+            "learningRate": 0.005,
+            "warmupRatio": 0.3,
+            "gradientCheckpointing": "true" if strategy.checkpointing else "false",
+        },
+        deepspeed={
+            "zeroStage": strategy.zero,
+            "offloadOptimizer": strategy.offload_optimizer,
+            "offloadParams": strategy.offload_params,
+        },
+        resources={"numNodes": strategy.nodes, "gpusPerNode": 0},
+    )
+
+
+def _same_micro_batches(a: Strategy, b: Strategy) -> bool:
+    return a.micro == b.micro
+
+
+def run_chain(
+    tmp_path: Path, model: Path, data: Path, launch: Callable[..., Run], method: str, chain: list[Strategy]
+) -> list[tuple[str, int, float]]:
+    """Runs the chain; returns (transition, step, |loss difference|) for every compared step."""
+    steps = CHECKPOINT_EVERY * len(chain) + 2
+    out = tmp_path / "out"
+    measured: list[tuple[str, int, float]] = []
+    previous: dict[int, float] = {}
+    for k, strategy in enumerate(chain):
+        config = render_config(tmp_path / f"config-{k}", _manifest(model, data, strategy, steps, method))
+        last = k == len(chain) - 1
+        kill_at = CHECKPOINT_EVERY * (k + 1) + 2
+        env = {} if last else {"FTJOB_FAULT_KILL": f"step:{kill_at}"}
+        run = launch(config, out, tag=f"run{k}", env=env)
+        code = run.wait(300)
+        log = run.log()
+        if last:
+            assert code == 0, log[-4000:]
+        else:
+            assert code != 0 and not (out / "COMPLETED.json").exists(), log[-4000:]
+        losses = run.losses()
+        if k > 0:
+            resumed_at = CHECKPOINT_EVERY * k
+            before = chain[k - 1]
+            assert f"resumed from step {resumed_at} written by {before.label()}" in log, log[-4000:]
+            compared = [resumed_at + 1, resumed_at + 2] if _same_micro_batches(before, strategy) else [resumed_at + 1]
+            for step in compared:
+                difference = abs(losses[step] - previous[step])
+                measured.append((f"{before} -> {strategy}", step, difference))
+                print(f"{before} -> {strategy}: step {step} |loss difference| {difference:.3e}", flush=True)
+                assert losses[step] == pytest.approx(previous[step], rel=TOLERANCE, abs=TOLERANCE), (
+                    f"{before} -> {strategy}: step {step}"
+                )
+        assert max(losses) == (steps if last else kill_at)
+        previous = losses
+    return measured
+
+
+CHAINS: dict[str, tuple[str, list[Strategy]]] = {
+    # the ladder upwards, one rung at a time, ending with the smaller micro-batch rung
+    "ladder": (
+        "lora",
+        [
+            Strategy(0),
+            Strategy(1),
+            Strategy(2),
+            Strategy(3),
+            Strategy(3, offload_optimizer="cpu"),
+            Strategy(3, offload_optimizer="cpu", offload_params="cpu"),
+            Strategy(3, offload_optimizer="cpu", offload_params="cpu", micro=1, checkpointing=True),
+        ],
+    ),
+    # downwards, a rung skipped, and the world size both ways
+    "world": (
+        "lora",
+        [
+            Strategy(3),
+            Strategy(2),
+            Strategy(2, nodes=1),
+            Strategy(3, nodes=2, offload_optimizer="cpu"),
+            Strategy(2, micro=1),
+        ],
+    ),
+    # the 4-bit frozen base is reloaded; only the adapter state moves from ZeRO-2 to ZeRO-3
+    "qlora": ("qlora", [Strategy(2), Strategy(3, offload_optimizer="cpu")]),
+}
+
+
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("chain", list(CHAINS))
+def test_resume_under_each_replanned_strategy_continues_the_run(
+    tmp_path: Path, tiny_model_dir: Path, reverse_jsonl: Path, launch: Callable[..., Run], chain: str
+) -> None:
+    method, strategies = CHAINS[chain]
+    measured = run_chain(tmp_path, tiny_model_dir, reverse_jsonl, launch, method, strategies)
+    assert len(measured) >= len(strategies) - 1
+
+
+@pytest.mark.timeout(600)
+def test_full_fine_tuning_refuses_another_zero_stage_with_a_config_error(
+    tmp_path: Path, tiny_model_dir: Path, reverse_jsonl: Path, launch: Callable[..., Run]
+) -> None:
+    """Full fine-tuning keeps DeepSpeed's shards: a ZeRO-2 checkpoint read at ZeRO-3 failed every
+    gang restart on DeepSpeed's bare assertion; now the first restart fails for good, saying why."""
+    out = tmp_path / "out"
+    steps = CHECKPOINT_EVERY + 2
+
+    def manifest(zero: int) -> dict[str, Any]:
+        doc = _manifest(tiny_model_dir, reverse_jsonl, Strategy(zero), steps + 3, "lora")
+        doc["spec"]["method"] = {"type": "full"}
+        return doc
+
+    first = launch(
+        render_config(tmp_path / "config-2", manifest(2)), out, tag="zero2", env={"FTJOB_FAULT_KILL": f"step:{steps}"}
+    )
+    assert first.wait(300) != 0 and (out / "checkpoints" / f"step-{CHECKPOINT_EVERY:08d}").is_dir(), first.log()[-3000:]
+    second = launch(render_config(tmp_path / "config-3", manifest(3)), out, tag="zero3")
+    assert second.wait(300) != 0, second.log()[-3000:]
+    line = second.termination()
+    assert line.startswith("ConfigError: checkpoint ") and "zeroStage: 2 -> 3" in line, line
