@@ -10,6 +10,7 @@ wrote with every save.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -130,11 +131,15 @@ def test_full_fine_tuning_refuses_shards_of_another_zero_stage_or_world_size(
     tmp_path: Path, change: dict[str, Any], refused: str | None
 ) -> None:
     """Before, DeepSpeed's bare `assert len(self.ckpt_list) > 0` failed every gang restart."""
+    from finetune_operator.api.pod_contract import CheckpointState, TrainingStrategy
     from finetune_trainer import checkpoint
     from finetune_trainer.settings import ConfigError
 
-    found = checkpoint.Found(tmp_path / "step-00000003", 3, {"strategy": STRATEGY, "checkpointFormat": "deepspeed"})
-    now = {**STRATEGY, **change}
+    state = CheckpointState.from_file(
+        json.dumps({"globalStep": 3, "strategy": STRATEGY, "checkpointFormat": "deepspeed"})
+    )
+    found = checkpoint.Found(tmp_path / "step-00000003", 3, state)
+    now = TrainingStrategy.from_wire({**STRATEGY, **change})
     if refused is None:
         checkpoint.check_deepspeed_resume(found, now)
         return

@@ -114,6 +114,20 @@ def test_checkpoint_state_reads_files_written_before_it_was_typed() -> None:
         CheckpointState.from_file(json.dumps({"tokens": 1}))
 
 
+def test_checkpoint_state_round_trips_the_strategy_that_wrote_it() -> None:
+    from finetune_operator.api.pod_contract import CheckpointFormat, TrainingStrategy
+
+    zero2 = TrainingStrategy(zero_stage=2, micro_batch_size=2, gradient_accumulation_steps=2, world_size=2)
+    state = CheckpointState(global_step=6, strategy=zero2, checkpoint_format=CheckpointFormat.TRAINABLE)
+    text = state.to_file()
+    assert '"zeroStage": 2' in text and '"checkpointFormat": "trainable"' in text
+    assert CheckpointState.from_file(text) == state
+    zero3 = zero2.model_copy(update={"zero_stage": 3, "offload_optimizer": "cpu"})
+    assert zero2.changes(zero3) == ["offloadOptimizer: none -> cpu", "zeroStage: 2 -> 3"]
+    assert zero3.describe() == "ZeRO-3, optimizer offload cpu, micro-batch 2 x accumulation 2 x world 2"
+    assert zero3.global_batch == 8
+
+
 def test_every_policy_module_is_in_the_lifecycle() -> None:
     modules = {m.name for m in pkgutil.iter_modules(policies.__path__)} - {"context"}
     registered = {p.__module__.rsplit(".", 1)[-1] for p in lifecycle.POLICIES}

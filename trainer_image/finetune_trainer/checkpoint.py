@@ -18,7 +18,6 @@ wrote it (`strategy`: ZeRO stage, offload, micro-batch, accumulation, world size
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -27,6 +26,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState, TrainingStrategy
 
 STATE_FILE = "trainer_state.json"
 TMP_PREFIX = ".tmp-"
@@ -41,7 +42,7 @@ def step_dir_name(step: int) -> str:
 class Found:
     path: Path
     step: int
-    state: dict[str, Any]
+    state: CheckpointState
 
 
 def complete_checkpoints(root: Path) -> list[Found]:
@@ -54,8 +55,8 @@ def complete_checkpoints(root: Path) -> list[Found]:
         state_file = child / STATE_FILE
         if match and state_file.is_file():
             try:
-                state = json.loads(state_file.read_text())
-            except (OSError, json.JSONDecodeError):
+                state = CheckpointState.from_file(state_file.read_text())
+            except (OSError, ValueError):
                 continue
             found.append(Found(child, int(match.group(1)), state))
     return sorted(found, key=lambda f: f.step)
@@ -141,42 +142,23 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-FORMAT_TRAINABLE = "trainable"
-FORMAT_DEEPSPEED = "deepspeed"
+FORMAT_TRAINABLE = CheckpointFormat.TRAINABLE
+FORMAT_DEEPSPEED = CheckpointFormat.DEEPSPEED
 _SHARDING = ("zeroStage", "worldSize")
 """Strategy fields DeepSpeed's own shards depend on (offload and micro-batching do not)."""
 
 
-def describe(strategy: dict[str, Any]) -> str:
-    """`ZeRO-2, micro-batch 2 x accumulation 2 x world 2` (+ offload where there is one)."""
-    parts = [f"ZeRO-{strategy.get('zeroStage', '?')}"]
-    if strategy.get("offloadOptimizer", "none") != "none":
-        parts.append(f"optimizer offload {strategy['offloadOptimizer']}")
-    if strategy.get("offloadParams", "none") != "none":
-        parts.append(f"parameter offload {strategy['offloadParams']}")
-    parts.append(
-        f"micro-batch {strategy.get('microBatchSize', '?')} x accumulation "
-        f"{strategy.get('gradientAccumulationSteps', '?')} x world {strategy.get('worldSize', '?')}"
-    )
-    return ", ".join(parts)
-
-
-def changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """`field: old -> new` for each strategy field that differs."""
-    return [f"{key}: {saved.get(key)} -> {now.get(key)}" for key in sorted(now) if saved.get(key) != now.get(key)]
-
-
-def check_deepspeed_resume(found: Found, strategy: dict[str, Any]) -> None:
+def check_deepspeed_resume(found: Found, strategy: TrainingStrategy) -> None:
     """Refuse DeepSpeed shards written under another ZeRO stage or world size (full fine-tuning)."""
     from .settings import ConfigError
 
-    saved = found.state.get("strategy")
-    if not isinstance(saved, dict):
+    saved = found.state.strategy
+    if saved is None:
         return  # written before strategies were recorded: let DeepSpeed try
-    changed = [c for c in changes(saved, strategy) if c.split(":")[0] in _SHARDING]
+    changed = [c for c in saved.changes(strategy) if c.split(":")[0] in _SHARDING]
     if changed:
         raise ConfigError(
-            f"checkpoint {found.path} was written by {describe(saved)}, this run is {describe(strategy)}; "
+            f"checkpoint {found.path} was written by {saved.describe()}, this run is {strategy.describe()}; "
             f"full fine-tuning checkpoints are DeepSpeed shards that cannot be resharded here "
             f"({'; '.join(changed)}). Pin deepspeed.zeroStage and resources.numNodes to the old values, "
             "or delete the checkpoints to start over"
@@ -187,7 +169,7 @@ def save(
     engine: Any,
     root: Path,
     step: int,
-    state: dict[str, Any],
+    state: CheckpointState,
     *,
     rank: int,
     barrier: Any,
@@ -215,14 +197,14 @@ def save(
         portable.save(engine, tmp, rank)
     else:
         engine.save_checkpoint(str(root), tag=tmp_tag, save_latest=False)
-    state = {**state, "checkpointFormat": FORMAT_TRAINABLE if portable_state else FORMAT_DEEPSPEED}
+    state = state.model_copy(update={"checkpoint_format": FORMAT_TRAINABLE if portable_state else FORMAT_DEEPSPEED})
     torch.save(rng_state(), tmp / f"rng_state_rank{rank}.pt")
     barrier()
     if rank == 0:
         fault_point("save", step)
         state_path = tmp / STATE_FILE
         with state_path.open("w") as fh:
-            json.dump(state, fh, indent=2, sort_keys=True)
+            fh.write(state.to_file())
             fh.flush()
             os.fsync(fh.fileno())
         _fsync_dir(tmp)
@@ -234,13 +216,13 @@ def save(
     return final
 
 
-def load(engine: Any, found: Found, rank: int, strategy: dict[str, Any]) -> None:
+def load(engine: Any, found: Found, rank: int, strategy: TrainingStrategy) -> None:
     """Restore engine (weights, optimizer, scheduler) and this rank's RNG under `strategy`."""
     import torch
 
     from . import portable
 
-    if found.state.get("checkpointFormat") == FORMAT_TRAINABLE:
+    if found.state.checkpoint_format == FORMAT_TRAINABLE:
         portable.load(engine, found.path)
     else:
         check_deepspeed_resume(found, strategy)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from finetune_operator.api.pod_contract import TrainingSummary
+from finetune_operator.api.pod_contract import CheckpointState, TrainingStrategy, TrainingSummary
 from finetune_operator.api.spec import DatasetFormat, MalformedLinePolicy, MethodType
 
 from . import builtin, checkpoint, evaluation, export, modeling
@@ -249,25 +249,23 @@ class Trainer:
                 log.warning("removed incomplete checkpoints %s (a save was interrupted)", removed)
         self.dist.barrier()
         found = checkpoint.newest(self.ckpt_root)
-        state: dict[str, Any] = {}
+        state = CheckpointState(global_step=0)
         if found is not None:
             self._check_global_batch(found)
             checkpoint.load(self.engine, found, rank, self.strategy)
-            state = dict(found.state)
-            self.engine.global_steps = int(state.get("global_step", 0))
+            state = found.state
+            self.engine.global_steps = state.global_step
             self.engine.global_samples = self.engine.global_steps * self.sampler.per_step
             if rank == 0:
-                log.info("resumed from %s (step %d, %s)", found.path, found.step, found.state.get("data_position"))
+                log.info("resumed from %s (step %d, %s)", found.path, found.step, state.data_position)
                 self._log_replan(found)
-        start = int(state.get("global_step", 0))
-        before = state.get("eval_before")
+        start = state.global_step
+        before = state.eval_before
         if before is None:
             before = self.evaluate()
             self._record({"step": 0, "eval": before})
-        tokens = int(state.get("tokens", 0))
-        trained_tokens = int(state.get("trainedTokens", 0))
-        samples = int(state.get("samples", 0))
-        last_loss = state.get("last_loss")
+        tokens, trained_tokens, samples = state.tokens, state.trained_tokens, state.samples
+        last_loss = state.last_loss
         last_eval: dict[str, Any] | None = None
         spec_t = self.spec.training
         bar = self._progress_bar(start)
@@ -355,16 +353,15 @@ class Trainer:
                     log.info("step %d eval %s", done, _brief(last_eval))
             if done % spec_t.checkpoint_every_steps == 0 and done < self.total_steps:
                 self._checkpoint(
-                    done,
-                    {
-                        "global_step": done,
-                        "tokens": tokens,
-                        "trainedTokens": trained_tokens,
-                        "samples": samples,
-                        "last_loss": last_loss,
-                        "eval_before": before,
-                        "data_position": self.sampler.position(done),
-                    },
+                    CheckpointState(
+                        global_step=done,
+                        tokens=tokens,
+                        trained_tokens=trained_tokens,
+                        samples=samples,
+                        last_loss=last_loss,
+                        eval_before=before,
+                        data_position=self.sampler.position(done),
+                    )
                 )
         if bar is not None:
             bar.close()
@@ -373,58 +370,56 @@ class Trainer:
         return self._finish(before, after, last_loss, tokens=tokens, samples=samples, trained_tokens=trained_tokens)
 
     @property
-    def strategy(self) -> dict[str, Any]:
+    def strategy(self) -> TrainingStrategy:
         """How this run shards, offloads and batches: recorded with every checkpoint."""
         plan = self.plan
-        return {
-            "zeroStage": plan.zero_stage,
-            "offloadOptimizer": plan.offload_optimizer,
-            "offloadParams": plan.offload_params,
-            "microBatchSize": plan.micro_batch_size,
-            "gradientAccumulationSteps": plan.gradient_accumulation_steps,
-            "worldSize": self.dist.world,
-        }
+        return TrainingStrategy(
+            zero_stage=plan.zero_stage,
+            offload_optimizer=plan.offload_optimizer,
+            offload_params=plan.offload_params,
+            micro_batch_size=plan.micro_batch_size,
+            gradient_accumulation_steps=plan.gradient_accumulation_steps,
+            world_size=self.dist.world,
+        )
 
     def _check_global_batch(self, found: checkpoint.Found) -> None:
         """The data position is `step x global batch`: a resume must keep the global batch."""
         from .settings import ConfigError
 
-        saved = found.state.get("strategy")
-        if not isinstance(saved, dict):
+        saved = found.state.strategy
+        if saved is None or saved.global_batch == self.sampler.per_step:
             return
-        before = int(saved["microBatchSize"]) * int(saved["gradientAccumulationSteps"]) * int(saved["worldSize"])
-        if before != self.sampler.per_step:
-            raise ConfigError(
-                f"checkpoint {found.path} was written with a global batch of {before} sequences "
-                f"({checkpoint.describe(saved)}); this run's is {self.sampler.per_step} "
-                f"({checkpoint.describe(self.strategy)}), so its data position would skip or repeat samples. "
-                "Choose training.globalBatchSize divisible by numNodes x gpusPerNode x microBatchSize"
-            )
+        raise ConfigError(
+            f"checkpoint {found.path} was written with a global batch of {saved.global_batch} sequences "
+            f"({saved.describe()}); this run's is {self.sampler.per_step} "
+            f"({self.strategy.describe()}), so its data position would skip or repeat samples. "
+            "Choose training.globalBatchSize divisible by numNodes x gpusPerNode x microBatchSize"
+        )
 
     def _log_replan(self, found: checkpoint.Found) -> None:
-        saved = found.state.get("strategy")
-        if isinstance(saved, dict) and checkpoint.changes(saved, self.strategy):
+        saved, now = found.state.strategy, self.strategy
+        if saved is not None and saved.changes(now):
             log.warning(
                 "resumed from step %d written by %s; now %s (%s): %s",
                 found.step,
-                checkpoint.describe(saved),
-                checkpoint.describe(self.strategy),
-                "; ".join(checkpoint.changes(saved, self.strategy)),
+                saved.describe(),
+                now.describe(),
+                "; ".join(saved.changes(now)),
                 "the trainable state was re-partitioned for the new strategy"
-                if found.state.get("checkpointFormat") == checkpoint.FORMAT_TRAINABLE
+                if found.state.checkpoint_format == checkpoint.FORMAT_TRAINABLE
                 else "same sharding, DeepSpeed shards loaded as they are",
             )
 
-    def _checkpoint(self, step: int, state: dict[str, Any]) -> None:
+    def _checkpoint(self, state: CheckpointState) -> None:
         t0 = time.perf_counter()
         checkpoint.save(
             self.engine,
             self.ckpt_root,
-            step,
-            {**state, "strategy": self.strategy},
+            state.global_step,
+            state.model_copy(update={"strategy": self.strategy}),
             rank=self.dist.rank,
             barrier=self.dist.barrier,
-            portable_state=str(self.spec.method.type) != "full",
+            portable_state=self.spec.method.type != MethodType.FULL,
         )
         if self.dist.rank == 0:
             checkpoint.prune(self.ckpt_root, self.spec.training.checkpoints_to_keep)
