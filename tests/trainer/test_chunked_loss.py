@@ -57,7 +57,8 @@ def test_chunked_loss_trains_exactly_like_the_full_logits(
         str(reverse_jsonl),
         "/out",
         method=METHODS[method],
-        dataset={"packing": packing, "validationSplit": 0.0},
+        # 128 tokens hold about three samples of this dataset, so packed rows do pack
+        dataset={"packing": packing, "validationSplit": 0.0, "maxSeqLength": 128 if packing else 64},
         deepspeed={"zeroStage": stage},
         training={"maxSteps": 3, "precision": "bf16" if method == "qlora" else "fp32", "learningRate": 0.01},
     )
@@ -67,6 +68,8 @@ def test_chunked_loss_trains_exactly_like_the_full_logits(
     want_log = [e for e in ref.train_log() if "loss" in e]
     got_log = [e for e in got.train_log() if "loss" in e]
     assert [e["step"] for e in got_log] == [1, 2, 3]
+    if packing:  # more samples than rows: 3 steps × 2 rows × 2 ranks
+        assert got.summary()["samples"] > 12
     for mine, theirs in zip(got_log, want_log, strict=True):
         assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
         assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
@@ -75,8 +78,9 @@ def test_chunked_loss_trains_exactly_like_the_full_logits(
     assert trained.keys() == want.keys() and want
     initial = _adapter_tensors(tiny_model_dir)
     for key, tensor in want.items():
-        # Adam divides each gradient entry by its own magnitude: for an entry near zero, an fp32
-        # rounding difference moves the update by up to lr; every other entry agrees to ~1e-7
-        assert torch.allclose(trained[key].float(), tensor.float(), rtol=1e-4, atol=2e-5), key
+        # Adam divides each gradient entry by its own magnitude, so for an entry near zero an fp32
+        # rounding difference moves the update by a visible fraction of lr (0.01); the loss and
+        # gradient-norm checks above are the tight ones (Adam's updates are blind to a scale error)
+        assert torch.allclose(trained[key].float(), tensor.float(), rtol=1e-4, atol=1e-4), key
     if method == "full":  # the head trained, in both runs alike
         assert not torch.allclose(want["lm_head.weight"].float(), initial["lm_head.weight"].float())
