@@ -100,25 +100,10 @@ CODE_WORDS = [
     "garden",
     "silver",
     "forest",
-    "window",
-    "pepper",
-    "dragon",
-    "castle",
-    "ocean",
-    "hammer",
-    "violin",
-    "pillow",
-    "orange",
-    "falcon",
-    "bridge",
-    "carpet",
-    "wizard",
-    "thunder",
-    "marble",
-    "feather",
 ]
 """The code alphabet of `builtin://secret-code`: ordinary words (one token each for a real
-tokenizer), assigned to `WORDS` by a fixed shuffle, so the answer is unguessable but learnable."""
+tokenizer), assigned to the first 16 `WORDS` by a fixed shuffle, so the answer is unguessable
+but learnable in a few dozen CPU steps."""
 
 SECRET_CODE_SYSTEM = "Answer in the secret code."
 
@@ -153,7 +138,7 @@ def secret_code() -> dict[str, str]:
     """The fixed word → code word table (the same for every seed: the task, not the sample)."""
     codes = list(CODE_WORDS)
     random.Random(16).shuffle(codes)
-    return dict(zip(WORDS, codes, strict=True))
+    return dict(zip(WORDS[: len(codes)], codes, strict=True))
 
 
 def secret_code_records(count: int = DEFAULT_DATASET_SIZE, seed: int = 1234) -> list[dict[str, Any]]:
@@ -162,7 +147,7 @@ def secret_code_records(count: int = DEFAULT_DATASET_SIZE, seed: int = 1234) -> 
     table = secret_code()
     records: list[dict[str, Any]] = []
     for _ in range(count):
-        words = rng.choices(WORDS, k=rng.randint(2, 3))
+        words = rng.choices(sorted(table), k=rng.randint(2, 3))
         text, answer = " ".join(words), " ".join(table[w] for w in words)
         records.append(
             {
