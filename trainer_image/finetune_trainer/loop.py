@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,18 @@ log = logging.getLogger(__name__)
 
 EXACT_MATCH_LIMIT = 64
 LOG_FILE = "train_log.jsonl"
+
+
+@dataclass
+class _StepTotals:
+    """One rank's sums over the micro-batches of an optimizer step."""
+
+    loss_sum: float = 0.0
+    labels: int = 0
+    tokens: int = 0
+    samples: int = 0
+    trained: int = 0
+    wait: float = 0.0
 
 
 class Dist:
@@ -241,6 +254,39 @@ class Trainer:
                 fh.write(json.dumps(entry, sort_keys=True) + "\n")
 
     def run(self) -> TrainingSummary:
+        """Resume (or start), take every optimizer step left, evaluate, save the result."""
+        state = self._resume()
+        if state.eval_before is None:
+            before = self.evaluate()
+            self._record({"step": 0, "eval": before})
+            state = state.model_copy(update={"eval_before": before})
+        bar = self._progress_bar(state.global_step)
+        if self.metrics is not None:
+            self.metrics.progress.max_steps.set(self.total_steps)
+            self.metrics.progress.global_step.set(state.global_step)
+        for step in range(state.global_step, self.total_steps):
+            state = self._step(step, state)
+            checkpoint.fault_point("step", state.global_step, once_in=self.out)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{state.last_loss:.3f}")
+            self._evaluate_or_checkpoint(state)
+        if bar is not None:
+            bar.close()
+        after = self.evaluate()
+        self._record({"step": self.total_steps, "eval": after})
+        return self._finish(
+            state.eval_before or {},
+            after,
+            state.last_loss,
+            tokens=state.tokens,
+            samples=state.samples,
+            trained_tokens=state.trained_tokens,
+        )
+
+    def _resume(self) -> CheckpointState:
+        """The newest complete checkpoint's state, loaded into the engine under this run's
+        strategy (converted where it changed), or a fresh start."""
         rank = self.dist.rank
         if rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -249,125 +295,109 @@ class Trainer:
                 log.warning("removed incomplete checkpoints %s (a save was interrupted)", removed)
         self.dist.barrier()
         found = checkpoint.newest(self.ckpt_root)
-        state = CheckpointState(global_step=0)
-        if found is not None:
-            self._check_global_batch(found)
-            checkpoint.load(self.engine, found, rank, self.strategy)
-            state = found.state
-            self.engine.global_steps = state.global_step
-            self.engine.global_samples = self.engine.global_steps * self.sampler.per_step
-            if rank == 0:
-                log.info("resumed from %s (step %d, %s)", found.path, found.step, state.data_position)
-                self._log_replan(found)
-        start = state.global_step
-        before = state.eval_before
-        if before is None:
-            before = self.evaluate()
-            self._record({"step": 0, "eval": before})
-        tokens, trained_tokens, samples = state.tokens, state.trained_tokens, state.samples
-        last_loss = state.last_loss
-        last_eval: dict[str, Any] | None = None
-        spec_t = self.spec.training
-        bar = self._progress_bar(start)
+        if found is None:
+            return CheckpointState(global_step=0)
+        self._check_global_batch(found)
+        checkpoint.load(self.engine, found, rank, self.strategy)
+        self.engine.global_steps = found.state.global_step
+        self.engine.global_samples = self.engine.global_steps * self.sampler.per_step
+        if rank == 0:
+            log.info("resumed from %s (step %d, %s)", found.path, found.step, found.state.data_position)
+            self._log_replan(found)
+        return found.state
+
+    def _micro_batches(self, step: int) -> _StepTotals:
+        """Forward, backward and (at the boundary) the optimizer step over this rank's micro-batches."""
+        totals = _StepTotals()
+        for indices in self.sampler.micro_batches(step, self.dist.rank):
+            t0 = time.perf_counter()
+            batch = collate([self.rows[i] for i in indices], int(self.tokenizer.pad_token_id), self.explicit_mask)
+            inputs = {k: v.to(self.engine.device) for k, v in batch.items() if hasattr(v, "to")}
+            totals.wait += time.perf_counter() - t0
+            loss = self.loss(self.engine, inputs)
+            self.engine.backward(loss)
+            self.engine.step()
+            labels = predicted_tokens(batch["labels"])
+            if labels:  # a micro-batch with nothing to predict has a NaN mean and no weight
+                totals.loss_sum += float(loss.detach()) * labels
+                totals.labels += labels
+            totals.tokens += batch["useful_tokens"]
+            totals.samples += batch["samples"]
+            totals.trained += batch["trained_tokens"]
+        return totals
+
+    def _step(self, step: int, state: CheckpointState) -> CheckpointState:
+        """One optimizer step, its metrics and its log line; returns the running state after it."""
+        iteration_began = time.perf_counter()
         if self.metrics is not None:
-            self.metrics.progress.max_steps.set(self.total_steps)
-            self.metrics.progress.global_step.set(start)
-        for step in range(start, self.total_steps):
-            iteration_began = time.perf_counter()
-            if self.metrics is not None:
-                if self.metrics.alternate:  # on, off, off, on: drift and step parity cancel in each block
-                    self.metrics.pause(step % 4 in (1, 2))
-                self.metrics.step_started()
-            began = time.perf_counter()
-            wait = 0.0
-            loss_sum = 0.0
-            label_sum = 0
-            step_tokens = step_samples = step_trained = 0
-            micro = self.sampler.micro_batches(step, rank)
-            lr = float(self.engine.get_lr()[0])
-            for indices in micro:
-                t0 = time.perf_counter()
-                batch = collate([self.rows[i] for i in indices], int(self.tokenizer.pad_token_id), self.explicit_mask)
-                inputs = {k: v.to(self.engine.device) for k, v in batch.items() if hasattr(v, "to")}
-                wait += time.perf_counter() - t0
-                loss = self.loss(self.engine, inputs)
-                self.engine.backward(loss)
-                self.engine.step()
-                labels = predicted_tokens(batch["labels"])
-                if labels:  # a micro-batch with nothing to predict has a NaN mean and no weight
-                    loss_sum += float(loss.detach()) * labels
-                    label_sum += labels
-                step_tokens += batch["useful_tokens"]
-                step_samples += batch["samples"]
-                step_trained += batch["trained_tokens"]
-            loss_all, label_all, tok_all, samp_all, trained_all = self.dist.sum(
-                [loss_sum, label_sum, step_tokens, step_samples, step_trained]
-            )
-            # the mean over every predicted token of the global batch: the same number whatever the
-            # micro-batch, accumulation or world size split the batch into (a mean of micro-batch
-            # means is not), so runs under different strategies can be compared step by step
-            last_loss = loss_all / max(1.0, label_all)
-            tokens += int(tok_all)
-            trained_tokens += int(trained_all)
-            samples += int(samp_all)
-            grad_norm = self.engine.get_global_grad_norm()
-            grad_norm = float(grad_norm) if grad_norm is not None else None
-            done = step + 1
-            epoch = done / self.sampler.steps_per_epoch
-            seconds = time.perf_counter() - began
-            if self.metrics is not None:
-                self.metrics.step_done(
-                    step=done,
-                    epoch=epoch,
-                    loss=last_loss,
-                    lr=lr,
-                    grad_norm=grad_norm,
-                    samples=step_samples,
-                    tokens=step_tokens,
-                    seconds=seconds,
-                    wait_seconds=wait,
-                    model_params=self.total_params,
-                )
-            entry: dict[str, Any] = {
-                "step": done,
-                "loss": last_loss,
-                "lr": lr,
-                "grad_norm": grad_norm,
-                "tokens": tokens,
-                "epoch": epoch,
-                "seconds": seconds,
-                # the whole iteration, the metric hooks included (seconds: the training work)
-                "iteration_seconds": time.perf_counter() - iteration_began,
+            if self.metrics.alternate:  # on, off, off, on: drift and step parity cancel in each block
+                self.metrics.pause(step % 4 in (1, 2))
+            self.metrics.step_started()
+        began = time.perf_counter()
+        lr = float(self.engine.get_lr()[0])
+        mine = self._micro_batches(step)
+        loss_all, label_all, tok_all, samp_all, trained_all = self.dist.sum(
+            [mine.loss_sum, mine.labels, mine.tokens, mine.samples, mine.trained]
+        )
+        done = step + 1
+        state = state.model_copy(
+            update={
+                "global_step": done,
+                # the mean over every predicted token of the global batch: the same number whatever the
+                # micro-batch, accumulation or world size split the batch into (a mean of micro-batch
+                # means is not), so runs under different strategies can be compared step by step
+                "last_loss": loss_all / max(1.0, label_all),
+                "tokens": state.tokens + int(tok_all),
+                "trained_tokens": state.trained_tokens + int(trained_all),
+                "samples": state.samples + int(samp_all),
             }
-            if self.metrics is not None and self.metrics.alternate:
-                entry["metrics"] = "off" if self.metrics.paused else "on"
-            self._record(entry)
-            checkpoint.fault_point("step", done, once_in=self.out)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{last_loss:.3f}", lr=f"{lr:.2e}")
-            if spec_t.eval_every_steps and done % spec_t.eval_every_steps == 0 and done < self.total_steps:
-                last_eval = self.evaluate()
-                self._record({"step": done, "eval": last_eval})
-                if rank == 0:
-                    log.info("step %d eval %s", done, _brief(last_eval))
-            if done % spec_t.checkpoint_every_steps == 0 and done < self.total_steps:
-                self._checkpoint(
-                    CheckpointState(
-                        global_step=done,
-                        tokens=tokens,
-                        trained_tokens=trained_tokens,
-                        samples=samples,
-                        last_loss=last_loss,
-                        eval_before=before,
-                        data_position=self.sampler.position(done),
-                    )
-                )
-        if bar is not None:
-            bar.close()
-        after = self.evaluate()
-        self._record({"step": self.total_steps, "eval": after})
-        return self._finish(before, after, last_loss, tokens=tokens, samples=samples, trained_tokens=trained_tokens)
+        )
+        norm = self.engine.get_global_grad_norm()
+        grad_norm = float(norm) if norm is not None else None
+        epoch = done / self.sampler.steps_per_epoch
+        seconds = time.perf_counter() - began
+        if self.metrics is not None:
+            self.metrics.step_done(
+                step=done,
+                epoch=epoch,
+                loss=state.last_loss,
+                lr=lr,
+                grad_norm=grad_norm,
+                samples=mine.samples,
+                tokens=mine.tokens,
+                seconds=seconds,
+                wait_seconds=mine.wait,
+                model_params=self.total_params,
+            )
+        entry: dict[str, Any] = {
+            "step": done,
+            "loss": state.last_loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": state.tokens,
+            "epoch": epoch,
+            "seconds": seconds,
+            # the whole iteration, the metric hooks included (seconds: the training work)
+            "iteration_seconds": time.perf_counter() - iteration_began,
+        }
+        if self.metrics is not None and self.metrics.alternate:
+            entry["metrics"] = "off" if self.metrics.paused else "on"
+        self._record(entry)
+        return state
+
+    def _evaluate_or_checkpoint(self, state: CheckpointState) -> None:
+        """What `training.evalEverySteps` and `checkpointEverySteps` ask for after this step
+        (not after the last one: the final evaluation and the result follow it)."""
+        done, t = state.global_step, self.spec.training
+        if done >= self.total_steps:
+            return
+        if t.eval_every_steps and done % t.eval_every_steps == 0:
+            result = self.evaluate()
+            self._record({"step": done, "eval": result})
+            if self.dist.rank == 0:
+                log.info("step %d eval %s", done, _brief(result))
+        if done % t.checkpoint_every_steps == 0:
+            self._checkpoint(state.model_copy(update={"data_position": self.sampler.position(done)}))
 
     @property
     def strategy(self) -> TrainingStrategy:
