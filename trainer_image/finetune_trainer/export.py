@@ -11,6 +11,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from finetune_operator.api.spec import MethodType
+
 
 def gathered_state_dict(model: Any, rank: int, trainable_only: bool) -> dict[str, Any]:
     """Full tensors of the (trainable) parameters on rank 0; empty elsewhere."""
@@ -38,7 +40,7 @@ def _swap_in(tmp: Path, final: Path) -> Path:
 
 def save_trained(model: Any, tokenizer: Any, out: Path, method: str, rank: int) -> Path:
     """Adapter (lora/qlora) or full weights to `out`, collectively; returns the folder."""
-    state = gathered_state_dict(model, rank, trainable_only=method != "full")
+    state = gathered_state_dict(model, rank, trainable_only=method != MethodType.FULL)
     if rank != 0:
         return out
     tmp = out.with_name(out.name + ".tmp")

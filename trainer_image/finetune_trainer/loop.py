@@ -168,7 +168,7 @@ class Trainer:
                 str(spec.dataset.format),
                 self.tokenizer,
                 spec.dataset.max_seq_length,
-                skip_malformed=str(spec.dataset.on_malformed_line) == "Skip",
+                skip_malformed=spec.dataset.on_malformed_line == MalformedLinePolicy.SKIP,
             )
         self.skipped = data.malformed + (held_out.malformed if held_out is not data else 0)
         for loaded in {id(data): data, id(held_out): held_out}.values():

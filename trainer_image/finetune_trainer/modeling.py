@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.lora_rules import UnsupportedSetting, resolve_lora_dropout
-from finetune_operator.api.spec import FineTuneJobSpec
+from finetune_operator.api.spec import FineTuneJobSpec, MethodType
 from finetune_operator.api.status import PlanStatus
 
 from . import builtin
@@ -165,7 +165,7 @@ def zero3_loading(plan: PlanStatus, method: str, ds_config: dict[str, Any] | Non
     holds the whole model (8 ranks of a 70B pod would otherwise each hold 140 GB of host
     memory while loading). Not for QLoRA: bitsandbytes quantises whole tensors on load.
     """
-    if ds_config is None or plan.zero_stage != 3 or method == "qlora":
+    if ds_config is None or plan.zero_stage != 3 or method == MethodType.QLORA:
         return None
     from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
@@ -211,7 +211,7 @@ def load_model(
         "token": os.environ.get("HF_TOKEN"),
     }
     method = str(spec.method.type)
-    if method == "qlora":
+    if method == MethodType.QLORA:
         from transformers import BitsAndBytesConfig
 
         q = spec.method.qlora_or_default
@@ -241,7 +241,7 @@ def load_model(
             full,
         )
     model.config.use_cache = False
-    if method == "qlora":
+    if method == MethodType.QLORA:
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
@@ -251,7 +251,7 @@ def load_model(
         )
     elif plan.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[no-untyped-call]
-    if method in ("lora", "qlora"):
+    if method in (MethodType.LORA, MethodType.QLORA):
         from peft import get_peft_model
 
         model = get_peft_model(model, _lora_config(spec, model))
