@@ -30,7 +30,7 @@ class JobStore:
     def claim_access_modes(self, namespace: str, claim: str) -> tuple[str, ...] | None:
         return ("ReadWriteMany",)
 
-    def delete_pods(self, namespace: str, name: str) -> None:
+    def delete_pods(self, namespace: str, pods: Any) -> None:
         pass
 
     def read_job(self, namespace: str, name: str) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 Children are server-side applied under one field manager (idempotent: an operator
 restart re-applies the same objects and creates no duplicates); status goes through
 the status subresource as a JSON merge patch guarded by the resourceVersion the
-decision was made on; a gang restart is one deletecollection call, so every rank goes
-down together.
+decision was made on; a gang restart deletes every pod the job's StatefulSet owns, by
+name with a uid precondition (never a deletecollection by label: a label is no proof of
+ownership, and a foreign pod carrying it must survive).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from ..api.job import GROUP, PLURAL, VERSION
-from ..render.identity import FIELD_MANAGER, JOB_NAME_LABEL
+from ..render.identity import FIELD_MANAGER
 
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
@@ -64,11 +65,19 @@ class ClusterIO:
             )
         _release(response)
 
-    def delete_pods(self, namespace: str, job_name: str) -> None:
-        """Gang restart: all pods of the job at once; the StatefulSet recreates them."""
-        self.core.delete_collection_namespaced_pod(
-            namespace, label_selector=f"{JOB_NAME_LABEL}={job_name}", _request_timeout=TIMEOUT
-        )
+    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
+        """Gang restart: delete the given (name, uid) pods; the StatefulSet recreates them.
+
+        The uid precondition makes a pod recreated under the same name since it was
+        observed (a new uid) survive; one already gone (404) or replaced (409) is skipped.
+        """
+        for name, uid in pods:
+            options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
+            try:
+                self.core.delete_namespaced_pod(name, namespace, body=options, _request_timeout=TIMEOUT)
+            except ApiException as exc:
+                if exc.status not in (404, 409):
+                    raise
 
     def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -149,7 +149,7 @@ class Reconciler:
             self.cluster.apply(render_all(job, decision.plan, self.options, decision.replicas, gang))
             applied = True
         if decision.delete_pods:
-            self.cluster.delete_pods(namespace, name)
+            self.cluster.delete_pods(namespace, [(p.name, p.uid) for p in observed.pods if not p.deleting])
         wrote = self._write_status(fresh, decision)
         if wrote:
             for event in decision.events:
