@@ -99,7 +99,7 @@ class Recorder:
         self.body = body
         self.deleted: list[list[tuple[str, str]]] = []
 
-    def apply(self, objects: Any) -> None:
+    def apply(self, objects: Any, owner_uid: str) -> None:
         list(objects)
 
     def claim_access_modes(self, namespace: str, claim: str) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ class JobStore:
     def __init__(self, body: dict[str, Any]) -> None:
         self.body, self.applied, self.reads = body, [], 0  # type: ignore[var-annotated]
 
-    def apply(self, objects: Any) -> None:
+    def apply(self, objects: Any, owner_uid: str) -> None:
         self.applied.append(list(objects))
 
     def claim_access_modes(self, namespace: str, claim: str) -> tuple[str, ...] | None:
