@@ -106,6 +106,19 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
     ({"training": {"globalBatchSize": 10, "microBatchSize": 4}}, "spec.training.globalBatchSize", "multiple"),
     ({"method": {"type": "lora", "qlora": {}}}, "spec.method.qlora", "only allowed"),
     ({"method": {"type": "full", "lora": {"r": 4}}}, "spec.method.lora", "not allowed"),
+    (
+        {"training": {"globalBatchSize": 8}, "resources": {"numNodes": 2, "gpusPerNode": 8}},
+        "spec.training.globalBatchSize",
+        "multiple of the world size",
+    ),
+    (
+        {"training": {"globalBatchSize": 3}, "resources": {"numNodes": 2, "gpusPerNode": 0}},
+        "spec.training.globalBatchSize",
+        "multiple of the world size",
+    ),
+    ({"output": {"uri": "pvc://out/../../x"}}, "spec.output.uri", "'..' path segment"),
+    ({"dataset": {"uri": "pvc://out/../x"}}, "spec.dataset.uri", "'..' path segment"),
+    ({"model": {"uri": "/m/x", "tokenizer": "pvc://t/a/../b"}}, "spec.model.tokenizer", "'..' path segment"),
 ]
 
 
@@ -147,13 +160,13 @@ def test_mutable_fields_can_change(crd: dict[str, Any], kube: Kube, namespace: s
                 "suspend": True,
                 "deepspeed": {"zeroStage": 3},
                 "failurePolicy": {"backoffLimit": 9},
-                "resources": {"numNodes": 3},
+                "resources": {"numNodes": 4},  # the global batch (32) stays a multiple of the world
             }
         },
     )
     assert (
         patched["spec"]["suspend"] is True
-        and patched["spec"]["resources"]["numNodes"] == 3
+        and patched["spec"]["resources"]["numNodes"] == 4
         and patched["metadata"]["generation"] == 2
     )
 

@@ -19,7 +19,7 @@ import pytest
 from finetune_operator.api.status import FineTuneJobStatus, State
 from finetune_operator.handlers.dispatch import HandlerSettings, JobHandlers, next_pass
 from finetune_operator.reconcile.lifecycle import Decision
-from finetune_operator.reconcile.observed import Observed
+from finetune_operator.reconcile.observed import Observed, PodView, WorkersView
 from finetune_operator.reconcile.runner import Outcome
 from finetune_operator.render.identity import JOB_NAME_LABEL
 
@@ -79,6 +79,15 @@ def pod_event(job: str) -> dict[str, Any]:
     return {"type": "MODIFIED", "namespace": "ns", "labels": {JOB_NAME_LABEL: job}}
 
 
+def _pod(name: str, owner: str | None) -> PodView:
+    return PodView(name, f"uid-{name}", 0, "Running", True, None, 0, False, None, "", None, None, None, owner_uid=owner)
+
+
+WORKERS = WorkersView(replicas=1, config_hash=None, uid="sts-a", name="a", owner_uid="uid-a")
+FOREIGN_STS = WorkersView(replicas=1, config_hash=None, uid="sts-x", name="x", owner_uid=None)
+OWNED_POD, FOREIGN_POD = _pod("a-0", "sts-a"), _pod("a-1", None)
+
+
 @pytest.fixture
 def reconciler() -> RecordingReconciler:
     return RecordingReconciler()
@@ -87,7 +96,7 @@ def reconciler() -> RecordingReconciler:
 @pytest.fixture
 def handlers(reconciler: RecordingReconciler) -> Iterator[JobHandlers]:
     jobs = JobHandlers(reconciler, HandlerSettings(interval_seconds=60, resync_seconds=600, max_workers=4))
-    jobs.bind(pods={("ns", "a"): ["pod-view"]}, workers={})
+    jobs.bind(pods={("ns", "a"): [OWNED_POD, FOREIGN_POD]}, workers={("ns", "a"): [FOREIGN_STS, WORKERS]})
     jobs.start()
     yield jobs
     jobs.stop()
@@ -107,7 +116,9 @@ def test_first_sight_applies_every_child_then_later_passes_do_not(
     assert [c.apply_all for c in reconciler.calls] == [True, False]
     assert reconciler.calls[1].body["metadata"]["resourceVersion"] == "2"
     assert "managedFields" not in reconciler.calls[1].body["metadata"]  # not kept in memory
-    assert reconciler.calls[0].observed.pods == ("pod-view",)  # children come from the live index
+    # children come from the live index, and only those the job controls
+    assert reconciler.calls[0].observed.pods == (OWNED_POD,)
+    assert reconciler.calls[0].observed.workers == WORKERS
 
 
 def test_a_pod_event_reconciles_its_job_with_the_newest_body(

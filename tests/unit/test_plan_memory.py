@@ -22,6 +22,7 @@ def workload(arch: str, method: str = "full", nodes: int = 1, gpus: int = 8, seq
         method={"type": method},
         dataset={"uri": "builtin://reverse-words", "maxSeqLength": seq},
         resources={"numNodes": nodes, "gpusPerNode": gpus},
+        training={"globalBatchSize": max(32, nodes * gpus)},  # a multiple of the world size
     )
     return workload_from_spec(job.spec)
 

@@ -129,7 +129,8 @@ def test_checkpoint_state_round_trips_the_strategy_that_wrote_it() -> None:
 
 
 def test_every_policy_module_is_in_the_lifecycle() -> None:
-    modules = {m.name for m in pkgutil.iter_modules(policies.__path__)} - {"context"}
+    # child_write amends a decision after a child could not be written: the runner calls it
+    modules = {m.name for m in pkgutil.iter_modules(policies.__path__)} - {"context", "child_write"}
     registered = {p.__module__.rsplit(".", 1)[-1] for p in lifecycle.POLICIES}
     assert registered == modules
     assert lifecycle.POLICIES[-1].__module__.endswith(".waiting")

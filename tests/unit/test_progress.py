@@ -52,6 +52,25 @@ def test_garbage_and_unreachable_endpoints_degrade_to_none() -> None:
     assert scrape("http://127.0.0.1:9/metrics", timeout=0.5) is None
 
 
+def test_non_finite_metrics_are_unknown_never_an_exception() -> None:
+    """Rank 0's image is user-chosen: `finetune_train_global_step NaN` used to raise
+    "cannot convert float NaN to integer" on every pass and freeze the job's status."""
+    text = (
+        "finetune_train_global_step NaN\nfinetune_train_max_steps +Inf\n"
+        "finetune_train_epoch -Inf\nfinetune_train_loss 0.5\n"
+    )
+    assert parse(text) == {"loss": 0.5}
+    assert parse("finetune_train_global_step NaN\n") is None
+    nan, inf = float("nan"), float("inf")
+    current = Sample(at=10.0, values={"step": nan, "total": inf, "epoch": -inf, "tokens": inf, "skipped": nan})
+    previous = Sample(at=5.0, values={"step": inf, "tokens": nan})
+    progress = to_progress(NOW, current, previous)
+    assert progress.step == 0 and progress.total_steps is None and progress.epoch is None
+    assert progress.skipped_records is None and progress.eta_seconds is None and progress.percent is None
+    later = to_progress(NOW, Sample(at=20.0, values={"step": 30.0, "total": 60.0, "loss": nan}), previous)
+    assert later.percent == 50 and later.loss is None
+
+
 def test_a_failing_rank_0_endpoint_is_read_once_per_period_not_on_every_pass(monkeypatch: Any) -> None:
     """An unreachable metrics endpoint (on a real cluster: a 1 s timeout) must not be paid for
     on every pass of a job whose pods keep the work queue busy."""

@@ -24,13 +24,13 @@ class JobStore:
     def __init__(self, body: dict[str, Any]) -> None:
         self.body, self.applied, self.reads = body, [], 0  # type: ignore[var-annotated]
 
-    def apply(self, objects: Any) -> None:
+    def apply(self, objects: Any, owner_uid: str) -> None:
         self.applied.append(list(objects))
 
     def claim_access_modes(self, namespace: str, claim: str) -> tuple[str, ...] | None:
         return ("ReadWriteMany",)
 
-    def delete_pods(self, namespace: str, name: str) -> None:
+    def delete_pods(self, namespace: str, pods: Any) -> None:
         pass
 
     def read_job(self, namespace: str, name: str) -> dict[str, Any]:

@@ -56,7 +56,7 @@ def test_a_precomputed_gang_hash_renders_the_same_objects() -> None:
 
 def test_hostfile_lists_every_pod_with_its_slots() -> None:
     assert cluster_hostfile(job()) == ("job-0.job-workers.ns.svc slots=8\njob-1.job-workers.ns.svc slots=8\n")
-    cpu = job(resources={"numNodes": 3, "gpusPerNode": 0})
+    cpu = job(resources={"numNodes": 3, "gpusPerNode": 0}, training={"globalBatchSize": 24})
     assert cluster_hostfile(cpu).count("slots=1") == 3
 
 

@@ -10,6 +10,7 @@ them too.
 from __future__ import annotations
 
 import math
+import re
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -91,12 +92,52 @@ PLANNER_OWNED_DEEPSPEED_KEYS = (
     "zero_optimization.offload_optimizer",
     "zero_optimization.offload_param",
     "bf16",
+    "bfloat16",
     "fp16",
+    "amp",
+    "torch_autocast",
+    "elasticity",
     "gradient_clipping",
     "optimizer",
     "scheduler",
 )
-"""DeepSpeed keys the plan decides; overriding them would desynchronise plan and run."""
+"""DeepSpeed keys the plan decides (with DeepSpeed's aliases: `bfloat16` is `bf16`; `amp`,
+`torch_autocast` and `elasticity` change precision or batch sizes); overriding them would
+desynchronise plan and run. A key is refused when it is one of these, below one of these, or
+above one (`zero_optimization` as a whole)."""
+
+_OVERRIDE_DENIED_EXACT = tuple(
+    sorted({*PLANNER_OWNED_DEEPSPEED_KEYS}
+           | {key.rsplit(".", n)[0] for key in PLANNER_OWNED_DEEPSPEED_KEYS for n in range(1, key.count(".") + 1)})
+)  # fmt: skip
+_OVERRIDE_DENIED_PREFIXES = tuple(key + "." for key in PLANNER_OWNED_DEEPSPEED_KEYS)
+
+
+def plan_owned_override(key: str) -> bool:
+    """Whether an override key sets (part of) what the plan decides."""
+    return key in _OVERRIDE_DENIED_EXACT or key.startswith(_OVERRIDE_DENIED_PREFIXES)
+
+
+OVERRIDES_MESSAGE = (
+    "is set by the plan and cannot be overridden: keys the plan owns are "
+    + ", ".join(PLANNER_OWNED_DEEPSPEED_KEYS)
+    + ", any key below them, and their parents (zero_optimization as a whole)"
+)
+
+DOT_DOT_SEGMENT = r"(^|/)\.\.(/|$)"
+"""A `..` path segment: a uri stays inside its claim (or path) and never climbs out of it."""
+
+
+def no_dot_dot(field: str, optional: bool = False) -> CrossFieldRule:
+    """The rule keeping `field` (a uri) free of `..` segments."""
+    wire = "".join(part.capitalize() if i else part for i, part in enumerate(field.split("_")))
+    cel = f"!self.{wire}.matches('{DOT_DOT_SEGMENT.replace(chr(92), chr(92) * 2)}')"
+    return CrossFieldRule(
+        cel=f"!has(self.{wire}) || {cel}" if optional else cel,
+        message="must not contain a '..' path segment: a uri stays inside its claim or path",
+        field_path=f".{wire}",
+        check=lambda m: getattr(m, field) is None or re.search(DOT_DOT_SEGMENT, getattr(m, field)) is None,
+    )
 
 
 class RuledModel(ApiModel):
@@ -130,7 +171,7 @@ class ModelCacheSpec(ApiModel):
     )
 
 
-class ModelSpec(ApiModel):
+class ModelSpec(RuledModel):
     """The base model to fine-tune."""
 
     uri: Annotated[str, Field(max_length=512, pattern=URI_PATTERN)] = Field(
@@ -156,6 +197,8 @@ class ModelSpec(ApiModel):
         "default: an emptyDir of 100Gi with a matching ephemeral-storage request). pvc:// models need no cache "
         "and are the recommended path for large models.",
     )
+
+    __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (no_dot_dot("uri"), no_dot_dot("tokenizer", optional=True))
 
 
 class DatasetFormat(StrEnum):
@@ -204,6 +247,8 @@ class DatasetSpec(RuledModel):
             field_path=".validationUri",
             check=lambda d: not (d.validation_split is not None and d.validation_uri is not None),
         ),
+        no_dot_dot("uri"),
+        no_dot_dot("validation_uri", optional=True),
     )
 
     @property
@@ -516,19 +561,22 @@ class DeepSpeedSpec(RuledModel):
     def _no_planner_keys(
         cls, value: dict[str, bool | int | float | str] | None
     ) -> dict[str, bool | int | float | str] | None:
+        # not a CEL rule: the apiserver's CEL cannot see the keys of a map with untyped values,
+        # so the operator answers such a job with Failed/InvalidSpec (and `ftjob validate` refuses it)
         for key in value or {}:
-            for owned in PLANNER_OWNED_DEEPSPEED_KEYS:
-                if key == owned or key.startswith(owned + "."):
-                    raise ValueError(f"key {key!r} is set by the plan and cannot be overridden")
+            if plan_owned_override(key):
+                raise ValueError(f"key {key!r} {OVERRIDES_MESSAGE}")
         return value
 
 
-class OutputSpec(ApiModel):
+class OutputSpec(RuledModel):
     """Where checkpoints and the trained adapter go."""
 
     uri: Annotated[str, Field(max_length=512, pattern=OUTPUT_URI_PATTERN)] = Field(
         description="`pvc://claim/path` (the claim must exist; it is never deleted) or a path in the container."
     )
+
+    __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (no_dot_dot("uri"),)
     merged_model: bool = Field(default=False, description="Also export base + adapter merged, in safetensors.")
 
 
@@ -631,6 +679,16 @@ class FineTuneJobSpec(RuledModel):
                 or s.pod_template.priority_class_name is None
                 or s.resources.priority_class_name is None
             ),
+        ),
+        CrossFieldRule(
+            cel="(has(self.training) && has(self.training.globalBatchSize) ? self.training.globalBatchSize : 32) % "
+            "((has(self.resources) && has(self.resources.numNodes) ? self.resources.numNodes : 1) * "
+            "(has(self.resources) && has(self.resources.gpusPerNode) && self.resources.gpusPerNode > 0 "
+            "? self.resources.gpusPerNode : 1)) == 0",
+            message="must be a multiple of the world size (numNodes × gpusPerNode; one rank per pod when "
+            "gpusPerNode is 0): every rank takes an equal share of each optimizer step",
+            field_path=".training.globalBatchSize",
+            check=lambda s: s.training.global_batch_size % s.world_size == 0,
         ),
         CrossFieldRule(
             cel="!has(self.env) || self.env.all(e, self.env.exists_one(f, f.name == e.name))",

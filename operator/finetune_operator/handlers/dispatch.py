@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from ..api.status import State
-from ..reconcile.observed import Observed, WorkersView
+from ..reconcile.observed import Observed, owned
 from ..reconcile.runner import Outcome
 from ..reconcile.workqueue import WorkQueue
 from ..render.identity import JOB_NAME_LABEL
@@ -44,10 +44,6 @@ class ReconcilerLike(Protocol):
 def job_key(kw: Mapping[str, Any]) -> Key:
     """The owning job of a child, from its namespace and job-name label."""
     return (str(kw["namespace"]), str(kw["labels"][JOB_NAME_LABEL]))
-
-
-def _first(values: Iterable[WorkersView]) -> WorkersView | None:
-    return next(iter(values), None)
 
 
 def _slim(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -135,7 +131,8 @@ class JobHandlers:
             first = job in self._unapplied
         if body is None:
             return None
-        observed = Observed(workers=_first(self._workers.get(job, [])), pods=tuple(self._pods.get(job, [])))
+        job_uid = str((body.get("metadata") or {}).get("uid") or "")
+        observed = owned(job[1], job_uid, self._workers.get(job, []), self._pods.get(job, []))
         outcome = self.reconciler.reconcile(body, observed, apply_all=first)
         if first:
             with self._lock:

@@ -1,10 +1,12 @@
 """The few writes the operator makes, through the official Kubernetes client.
 
 Children are server-side applied under one field manager (idempotent: an operator
-restart re-applies the same objects and creates no duplicates); status goes through
-the status subresource as a JSON merge patch guarded by the resourceVersion the
-decision was made on; a gang restart is one deletecollection call, so every rank goes
-down together.
+restart re-applies the same objects and creates no duplicates), and only over objects the
+job controls: an object of a child's name that someone else made is never taken over.
+Status goes through the status subresource as a JSON merge patch guarded by the
+resourceVersion the decision was made on; a gang restart deletes every pod the job's StatefulSet owns, by
+name with a uid precondition (never a deletecollection by label: a label is no proof of
+ownership, and a foreign pod carrying it must survive).
 """
 
 from __future__ import annotations
@@ -15,17 +17,34 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
-from ..api.job import GROUP, PLURAL, VERSION
-from ..render.identity import FIELD_MANAGER, JOB_NAME_LABEL
+from ..api.job import GROUP, KIND, PLURAL, VERSION
+from ..render.identity import FIELD_MANAGER
+from .observed import controller_uid
 
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 TIMEOUT = 15
 
 
+NOT_OURS = (
+    "exists and is not controlled by this job; the operator never takes over an object it did not create: "
+    "delete it or rename the job"
+)
+
+
 class Conflict(Exception):
     """The job changed since it was read; decide again on the fresh object."""
+
+
+class ChildWriteError(Exception):
+    """A child of the job could not be written: someone else's object of its name (`conflict`),
+    a refusal by the apiserver (`status`, its message) or no answer (`status` None)."""
+
+    def __init__(self, kind: str, name: str, status: int | None, message: str, *, conflict: bool = False) -> None:
+        super().__init__(f"{kind} {name} {message}" if conflict else f"cannot write {kind} {name}: {message}")
+        self.kind, self.name, self.status, self.message, self.conflict = kind, name, status, message, conflict
 
 
 class ClusterIO:
@@ -35,15 +54,58 @@ class ClusterIO:
         self.apps = client.AppsV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
 
-    def apply(self, objects: Iterable[dict[str, Any]]) -> None:
-        for obj in objects:
-            self._apply_one(obj)
+    def apply(self, objects: Iterable[dict[str, Any]], owner_uid: str) -> None:
+        """Apply the job's children; never take over an object the job does not control.
 
-    def _apply_one(self, obj: dict[str, Any]) -> None:
+        An existing object of a child's name is applied over (forced, so the operator's
+        fields win over hand edits) only when its controller ownerReference is the job
+        (`owner_uid`), and the apply names that object's uid, so one replaced meanwhile is
+        not written either. Any refusal raises `ChildWriteError`, for a condition on the job.
+        """
+        for obj in objects:
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            try:
+                existing = self._read_child(obj)
+                if existing is None:
+                    self._apply_one(obj, force=False)
+                    continue
+                if controller_uid(existing, KIND) != owner_uid or not owner_uid:
+                    raise ChildWriteError(kind, name, None, NOT_OURS, conflict=True)
+                uid = (existing.get("metadata") or {}).get("uid")
+                self._apply_one({**obj, "metadata": {**obj["metadata"], "uid": uid}}, force=True)
+            except ApiException as exc:
+                raise ChildWriteError(kind, name, exc.status, _api_message(exc)) from exc
+            except HTTPError as exc:
+                raise ChildWriteError(kind, name, None, f"{type(exc).__name__}: {exc}") from exc
+
+    def _read_child(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        name, namespace, kind = obj["metadata"]["name"], obj["metadata"]["namespace"], obj["kind"]
+        kwargs: dict[str, Any] = {"_preload_content": False, "_request_timeout": TIMEOUT}
+        response: Any
+        try:
+            if kind == "ConfigMap":
+                response = self.core.read_namespaced_config_map(name, namespace, **kwargs)
+            elif kind == "Service":
+                response = self.core.read_namespaced_service(name, namespace, **kwargs)
+            elif kind == "StatefulSet":
+                response = self.apps.read_namespaced_stateful_set(name, namespace, **kwargs)
+            else:
+                group, version = obj["apiVersion"].split("/")
+                plural = kind.lower() + "s"
+                response = self.custom.get_namespaced_custom_object(group, version, namespace, plural, name, **kwargs)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        body: dict[str, Any] = json.loads(getattr(response, "data", b"{}") or b"{}")
+        _release(response)
+        return body
+
+    def _apply_one(self, obj: dict[str, Any], force: bool) -> None:
         name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
         kwargs: dict[str, Any] = {
             "field_manager": FIELD_MANAGER,
-            "force": True,
+            "force": force,
             "_content_type": APPLY,
             "_preload_content": False,
             "_request_timeout": TIMEOUT,
@@ -64,11 +126,19 @@ class ClusterIO:
             )
         _release(response)
 
-    def delete_pods(self, namespace: str, job_name: str) -> None:
-        """Gang restart: all pods of the job at once; the StatefulSet recreates them."""
-        self.core.delete_collection_namespaced_pod(
-            namespace, label_selector=f"{JOB_NAME_LABEL}={job_name}", _request_timeout=TIMEOUT
-        )
+    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
+        """Gang restart: delete the given (name, uid) pods; the StatefulSet recreates them.
+
+        The uid precondition makes a pod recreated under the same name since it was
+        observed (a new uid) survive; one already gone (404) or replaced (409) is skipped.
+        """
+        for name, uid in pods:
+            options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
+            try:
+                self.core.delete_namespaced_pod(name, namespace, body=options, _request_timeout=TIMEOUT)
+            except ApiException as exc:
+                if exc.status not in (404, 409):
+                    raise
 
     def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -124,6 +194,15 @@ class ClusterIO:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+
+def _api_message(exc: ApiException) -> str:
+    """The apiserver's own message (a Status body), else the HTTP status and reason."""
+    try:
+        message = json.loads(exc.body or b"{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or f"{exc.status} {exc.reason}")[:2000]
 
 
 def _release(response: Any) -> None:

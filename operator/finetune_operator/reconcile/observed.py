@@ -4,6 +4,10 @@ Raw Pod and StatefulSet bodies (from kopf indexes or the API) become small froze
 views; everything downstream is a pure function of these views, which keeps the
 lifecycle logic testable without a cluster and robust to odd objects: a field that
 is missing or malformed reads as "unknown", never as an exception.
+
+Labels select what the watches see, but anyone who may create a pod can set a label:
+`owned` keeps only the StatefulSet the job controls and the pods that StatefulSet
+controls (ownerReferences, matched by uid), so a foreign pod never decides a job.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..api.job import KIND
 from ..render.identity import CONFIG_HASH_ANNOTATION, POD_INDEX_LABEL
 
 
@@ -40,6 +45,8 @@ class PodView:
     last_terminated: Termination | None
     waiting: str | None = None
     """Why a container of the pod is not running yet (ImagePullBackOff, CreateContainerConfigError, ...)."""
+    owner_uid: str | None = None
+    """The uid of the StatefulSet that controls this pod (its controller ownerReference), if any."""
 
     @property
     def failure(self) -> Termination | None:
@@ -65,6 +72,10 @@ class PodView:
 class WorkersView:
     replicas: int
     config_hash: str | None
+    uid: str = ""
+    name: str = ""
+    owner_uid: str | None = None
+    """The uid of the FineTuneJob that controls this StatefulSet (its controller ownerReference), if any."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,16 @@ def _get(obj: Any, *path: str) -> Any:
             return None
         obj = obj.get(key)
     return obj
+
+
+def controller_uid(body: Mapping[str, Any], kind: str) -> str | None:
+    """The uid in the object's controller ownerReference of `kind`, if it has one."""
+    refs = _get(body, "metadata", "ownerReferences")
+    for ref in refs if isinstance(refs, list) else []:
+        if isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("kind") == kind:
+            uid = ref.get("uid")
+            return uid if isinstance(uid, str) and uid else None
+    return None
 
 
 def _termination(raw: Any) -> Termination | None:
@@ -161,6 +182,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         terminated=_termination(_get(trainer, "state", "terminated")),
         last_terminated=_termination(_get(trainer, "lastState", "terminated")),
         waiting=_waiting(body),
+        owner_uid=controller_uid(body, "StatefulSet"),
     )
 
 
@@ -171,8 +193,21 @@ def workers_view(body: Mapping[str, Any] | None) -> WorkersView | None:
     return WorkersView(
         replicas=replicas if isinstance(replicas, int) else 0,
         config_hash=_get(body, "spec", "template", "metadata", "annotations", CONFIG_HASH_ANNOTATION),
+        uid=str(_get(body, "metadata", "uid") or ""),
+        name=str(_get(body, "metadata", "name") or ""),
+        owner_uid=controller_uid(body, KIND),
     )
 
 
 def observe(statefulset: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]]) -> Observed:
     return Observed(workers=workers_view(statefulset), pods=tuple(pod_view(p) for p in pods))
+
+
+def owned(job_name: str, job_uid: str, workers: Iterable[WorkersView], pods: Iterable[PodView]) -> Observed:
+    """What the job controls among the labelled children the watches saw: its StatefulSet
+    (named after the job and controlled by `job_uid`) and that StatefulSet's pods (controlled by its uid). A labelled
+    object that is not owned is ignored for success, failure and restarts, and never deleted."""
+    statefulset = next((w for w in workers if job_uid and w.owner_uid == job_uid and w.name == job_name), None)
+    if statefulset is None or not statefulset.uid:
+        return Observed(workers=statefulset, pods=())
+    return Observed(workers=statefulset, pods=tuple(p for p in pods if p.owner_uid == statefulset.uid))

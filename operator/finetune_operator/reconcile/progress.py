@@ -2,7 +2,9 @@
 
 The operator already knows the pod IP and metrics port; one small HTTP GET per
 interval turns the trainer's gauges into `status.progress` (step, total, epoch, loss,
-tokens/s, ETA). Anything unreachable or unparsable degrades quietly to "no update".
+tokens/s, ETA). Anything unreachable or unparsable degrades quietly to "no update", and a
+non-finite value (NaN, +-Inf: rank 0's image is user-chosen) is unknown, never an exception
+that would stop the status from updating.
 """
 
 from __future__ import annotations
@@ -52,23 +54,30 @@ def parse(text: str) -> dict[str, float] | None:
             for sample in family.samples:
                 key = WANTED.get(sample.name)
                 if key is not None and key not in values:
-                    values[key] = float(sample.value)
+                    value = float(sample.value)
+                    if math.isfinite(value):
+                        values[key] = value
     except (ValueError, TypeError):
         return None
     return values or None
 
 
+def _finite(values: dict[str, float]) -> dict[str, float]:
+    return {key: value for key, value in values.items() if math.isfinite(value)}
+
+
 def to_progress(now: datetime, current: Sample, previous: Sample | None) -> Progress:
-    v = current.values
+    v = _finite(current.values)
+    before = _finite(previous.values) if previous is not None else {}
     step = int(v.get("step", 0))
     total = int(v["total"]) if v.get("total") else None
     rate = None
     eta = None
     if previous is not None and current.at > previous.at:
         dt = current.at - previous.at
-        tokens = v.get("tokens", 0.0) - previous.values.get("tokens", 0.0)
+        tokens = v.get("tokens", 0.0) - before.get("tokens", 0.0)
         rate = round(tokens / dt, 2) if tokens >= 0 else None
-        steps = step - int(previous.values.get("step", 0))
+        steps = step - int(before.get("step", 0))
         if total and steps > 0:
             eta = int((total - step) * dt / steps)
     percent = min(100, int(100 * step / total)) if total else None
@@ -78,7 +87,7 @@ def to_progress(now: datetime, current: Sample, previous: Sample | None) -> Prog
         step=step,
         total_steps=total,
         epoch=round(v["epoch"], 3) if "epoch" in v else None,
-        loss=round(loss, 4) if loss is not None and not math.isnan(loss) else None,
+        loss=round(loss, 4) if loss is not None else None,
         tokens_per_second=rate,
         eta_seconds=eta,
         percent=percent,

@@ -26,6 +26,9 @@ NOT_SUSPENDED = "NotSuspended"
 NOT_RUNNING = "NotRunning"
 GANG_RESTART = "GangRestart"
 EXPIRED = "TTLExpired"
+CHILD_CONFLICT = "ChildConflict"
+CHILD_WRITE_FAILED = "ChildWriteFailed"
+
 
 def is_out_of_memory(term: Termination) -> bool:
     """OOM, per the trainer's root cause (`OutOfMemory: ...`) or the kubelet (`OOMKilled`).

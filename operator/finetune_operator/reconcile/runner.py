@@ -9,6 +9,7 @@ double-counts a restart.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -28,12 +29,14 @@ from ..render.manifests import gang_hash, render_all
 from ..render.options import RenderOptions
 from . import metrics
 from . import reasons as R
-from .cluster_io import ClusterIO, Conflict, status_patch
+from .cluster_io import ChildWriteError, ClusterIO, Conflict, status_patch
 from .lifecycle import Decision, Event, PlanFailed, decide
 from .observed import Observed
+from .policies.child_write import after_write_error
 from .progress import Sample, scrape, to_progress
 from .salvage import invalid_spec_status, salvage_status
 
+log = logging.getLogger("finetune_operator")
 EventSink = Callable[[Mapping[str, Any], Event], None]
 PROGRESS_EVERY_SECONDS = 3.0
 """How often rank 0's metrics are read (one small HTTP GET per running job)."""
@@ -146,10 +149,16 @@ class Reconciler:
         applied = False
         if decision.plan is not None and (apply_all or self._needs_apply(job, observed, decision)):
             gang = self._desired_hash(job, decision.plan)
-            self.cluster.apply(render_all(job, decision.plan, self.options, decision.replicas, gang))
-            applied = True
+            try:
+                self.cluster.apply(
+                    render_all(job, decision.plan, self.options, decision.replicas, gang), job.metadata.uid or ""
+                )
+                applied = True
+            except ChildWriteError as exc:
+                log.warning("job %s/%s: %s", namespace, name, exc)
+                decision = after_write_error(job, decision, exc, datetime.now(UTC))
         if decision.delete_pods:
-            self.cluster.delete_pods(namespace, name)
+            self.cluster.delete_pods(namespace, [(p.name, p.uid) for p in observed.pods if not p.deleting])
         wrote = self._write_status(fresh, decision)
         if wrote:
             for event in decision.events:

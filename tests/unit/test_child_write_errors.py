@@ -1,0 +1,91 @@
+"""A child the operator cannot write becomes a condition on the job (issue 18, item 3).
+
+Before, any error from applying a child escaped `reconcile` as an exception: the job never
+got a status, and the work queue retried it forever with a traceback. The cluster below
+refuses the apply the way the apiserver does (its real behaviour is in the cluster tier);
+everything else is the real Reconciler.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, cast
+
+import pytest
+
+from finetune_operator.reconcile.cluster_io import NOT_OURS, ChildWriteError, ClusterIO
+from finetune_operator.reconcile.observed import Observed
+from finetune_operator.reconcile.policies.context import Event
+from finetune_operator.reconcile.runner import Reconciler
+from finetune_operator.render.options import RenderOptions
+from tests.factories import job_document
+
+
+class RefusingCluster:
+    def __init__(self, body: dict[str, Any], error: ChildWriteError | None) -> None:
+        self.body, self.error, self.owner_uids = body, error, []  # type: ignore[var-annotated]
+
+    def apply(self, objects: Any, owner_uid: str) -> None:
+        list(objects)
+        self.owner_uids.append(owner_uid)
+        if self.error is not None:
+            raise self.error
+
+    def claim_access_modes(self, namespace: str, claim: str) -> tuple[str, ...]:
+        return ("ReadWriteMany",)
+
+    def read_job(self, namespace: str, name: str) -> dict[str, Any]:
+        return copy.deepcopy(self.body)
+
+    def patch_status(self, namespace: str, name: str, rv: str | None, patch: dict[str, Any]) -> str:
+        status = {**(self.body.get("status") or {}), **patch}
+        self.body["status"] = {k: v for k, v in status.items() if v is not None}
+        self.body["metadata"]["resourceVersion"] = str(int(self.body["metadata"]["resourceVersion"]) + 1)
+        return str(self.body["metadata"]["resourceVersion"])
+
+
+def reconcile_with(error: ChildWriteError | None, passes: int = 1) -> tuple[RefusingCluster, list[Event]]:
+    doc = job_document(resources={"numNodes": 2, "gpusPerNode": 8})
+    doc["metadata"].update({"uid": "job-uid", "resourceVersion": "1", "generation": 1})
+    cluster = RefusingCluster(doc, error)
+    events: list[Event] = []
+    reconciler = Reconciler(cast(ClusterIO, cluster), RenderOptions(trainer_image="t"), lambda _b, e: events.append(e))
+    for _ in range(passes):
+        reconciler.reconcile(cluster.read_job("", ""), Observed(workers=None), apply_all=True)
+    return cluster, events
+
+
+def condition(cluster: RefusingCluster, kind: str) -> dict[str, Any]:
+    return next(c for c in cluster.body["status"]["conditions"] if c["type"] == kind)
+
+
+def test_a_foreign_object_of_a_childs_name_is_a_condition_naming_it() -> None:
+    conflict = ChildWriteError("ConfigMap", "job-config", None, NOT_OURS, conflict=True)
+    cluster, events = reconcile_with(conflict, passes=3)
+    assert cluster.owner_uids == ["job-uid"] * 3  # the job's uid goes with every apply: what ownership is checked on
+    running = condition(cluster, "Running")
+    assert running["status"] == "False" and running["reason"] == "ChildConflict"
+    assert "ConfigMap job-config" in running["message"] and "delete it or rename the job" in running["message"]
+    assert cluster.body["status"]["state"] == "Planned"  # waits: deleting the object lets it proceed
+    assert [e.reason for e in events].count("ChildConflict") == 1  # one warning, not one per pass
+    cluster.error = None
+    reconciler = Reconciler(cast(ClusterIO, cluster), RenderOptions(trainer_image="t"), lambda *_: None)
+    reconciler.reconcile(cluster.read_job("", ""), Observed(workers=None), apply_all=True)
+    assert condition(cluster, "Running")["reason"] == "WaitingForWorkers"
+
+
+@pytest.mark.parametrize("code", [400, 413, 422])
+def test_a_child_the_apiserver_refuses_fails_the_job_with_its_message(code: int) -> None:
+    message = 'StatefulSet.apps "job" is invalid: spec.template.spec.containers[0].env[3].name: Duplicate value'
+    cluster, events = reconcile_with(ChildWriteError("StatefulSet", "job", code, message))
+    failed = condition(cluster, "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "InvalidSpec"
+    assert "StatefulSet job" in failed["message"] and "Duplicate value" in failed["message"]
+    assert cluster.body["status"]["state"] == "Failed" and "InvalidSpec" in [e.reason for e in events]
+
+
+def test_an_apiserver_that_does_not_answer_is_said_and_retried() -> None:
+    cluster, _ = reconcile_with(ChildWriteError("Service", "job-workers", 503, "etcdserver: request timed out"))
+    running = condition(cluster, "Running")
+    assert running["reason"] == "ChildWriteFailed" and "etcdserver: request timed out" in running["message"]
+    assert cluster.body["status"]["state"] == "Planned"
