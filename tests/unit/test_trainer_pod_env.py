@@ -64,3 +64,67 @@ def test_prefetch_downloads_once_when_the_pod_asks(monkeypatch: pytest.MonkeyPat
     assert prefetch(_cfg("pvc://models/llama")) is None and calls == []
     assert prefetch(_cfg("meta-llama/Llama-3.1-8B")) == str(tmp_path)
     assert [c[0] for c in calls] == ["meta-llama/Llama-3.1-8B"] and "*.safetensors" in calls[0][1]
+
+
+def test_the_download_shows_its_progress_on_rank_0s_metrics_port(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """While `ftjob train` fetches a hub model, the operator's own progress reader sees it."""
+    import socket
+
+    from finetune_operator.reconcile.progress import Sample, scrape, to_progress
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv(prefetch_module.ENV, "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("FTJOB_METRICS_PORT", str(port))
+    monkeypatch.setenv("FTJOB_POD_IP", "127.0.0.1")
+    monkeypatch.setattr(prefetch_module, "POLL_SECONDS", 0.05)
+    blobs = prefetch_module.repo_cache_folder("org/model") / "blobs"
+    seen: list[str | None] = []
+
+    def read() -> str | None:
+        import time
+        from datetime import UTC, datetime
+
+        time.sleep(0.3)  # a few polls of the cache
+        values = scrape(f"http://127.0.0.1:{port}/metrics")
+        assert values is not None, "the download progress is not served"
+        return to_progress(datetime.now(UTC), Sample(0.0, values), None).summary
+
+    def download(repo: str, revision: Any = None, allow_patterns: Any = None) -> str:
+        blobs.mkdir(parents=True)
+        for part in range(3):
+            with (blobs / f"part{part}.incomplete").open("wb") as blob:
+                blob.truncate(2**29)  # 0.5 GiB each, sparse
+            seen.append(read())
+        return str(blobs.parent)
+
+    assert prefetch(_cfg("org/model"), 0, downloader=download, total=3 * 2**29) == str(blobs.parent)
+    assert seen == [
+        "downloading model 0.5/1.5 GiB (33%)",
+        "downloading model 1.0/1.5 GiB (66%)",
+        "downloading model 1.5/1.5 GiB (100%)",
+    ]
+    with socket.socket() as again:  # the port is free for rank 0's own exporter (which reuses addresses)
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))
+
+
+def test_a_download_on_another_node_serves_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(prefetch_module.ENV, "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    served: list[Any] = []
+    monkeypatch.setattr(
+        prefetch_module, "download_progress", lambda *a, **k: served.append(k["port"]) or _null_context()
+    )
+    prefetch(_cfg("org/model"), 1, downloader=lambda *a, **k: str(tmp_path), total=10)
+    assert served == [None]
+
+
+def _null_context() -> Any:
+    from contextlib import nullcontext
+
+    return nullcontext()

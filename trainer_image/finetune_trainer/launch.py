@@ -130,7 +130,7 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
         outcome.write_termination(message)
         return Result(1, None, message)
     try:
-        prefetch(cfg)
+        prefetch(cfg, node_rank)
     except Exception as exc:  # a gated repo without HF_TOKEN, a wrong id, no network
         message = outcome.one_line(f"{outcome.MODEL_NOT_FOUND}: downloading {cfg.job.spec.model.uri}: {exc}")
         outcome.write_termination(message)

@@ -27,7 +27,10 @@ WANTED = {
     "finetune_train_tokens_total": "tokens",
     "finetune_data_skipped_records": "skipped",
     "finetune_data_skipped_records_total": "skipped",
+    "finetune_model_download_bytes": "downloaded",
+    "finetune_model_download_total_bytes": "download_total",
 }
+GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,16 @@ def _finite(values: dict[str, float]) -> dict[str, float]:
     return {key: value for key, value in values.items() if math.isfinite(value)}
 
 
+def _download(v: dict[str, float]) -> str | None:
+    """`downloading model 3.2/16.0 GiB (20%)` while the pod fetches a hub model (before any rank runs)."""
+    if "downloaded" not in v:
+        return None
+    done, total = v["downloaded"] / GIB, v.get("download_total", 0.0) / GIB
+    if total <= 0:
+        return f"downloading model {done:.1f} GiB"
+    return f"downloading model {done:.1f}/{total:.1f} GiB ({min(100, int(100 * done / total))}%)"
+
+
 def to_progress(now: datetime, current: Sample, previous: Sample | None) -> Progress:
     v = _finite(current.values)
     before = _finite(previous.values) if previous is not None else {}
@@ -81,7 +94,7 @@ def to_progress(now: datetime, current: Sample, previous: Sample | None) -> Prog
         if total and steps > 0:
             eta = int((total - step) * dt / steps)
     percent = min(100, int(100 * step / total)) if total else None
-    summary = f"{step}/{total} ({percent}%)" if total else None
+    summary = f"{step}/{total} ({percent}%)" if total else _download(v)
     loss = v.get("loss") if step > 0 else None  # before the first step the gauge is only initialised
     return Progress(
         step=step,
