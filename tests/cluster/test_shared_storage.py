@@ -81,3 +81,33 @@ def test_gpu_placement_schedules_on_nodes_with_the_gfd_memory_label(
         timeout=60,
     )
     assert conditions(status)["Running"]["status"] == "False", status
+
+
+def test_the_newest_warning_event_of_a_pod_is_read_by_its_uid(kube: Kube, namespace: str, k8s_client: Any) -> None:
+    """ClusterIO.pod_warning against the real apiserver: field selectors on the pod's uid and
+    `type=Warning`, the newest first; another pod's events and Normal events are not read."""
+    from finetune_operator.reconcile.cluster_io import ClusterIO
+
+    def make_pod(name: str) -> dict[str, Any]:
+        spec = {"containers": [{"name": "c", "image": "x"}], "nodeName": "nowhere"}
+        return kube.create(f"/api/v1/namespaces/{namespace}/pods", {"metadata": {"name": name}, "spec": spec})
+
+    def event(pod: dict[str, Any], name: str, kind: str, reason: str, message: str, at: str) -> None:
+        meta = pod["metadata"]
+        obj = {"kind": "Pod", "namespace": namespace, "name": meta["name"], "uid": meta["uid"], "apiVersion": "v1"}
+        kube.create(
+            f"/api/v1/namespaces/{namespace}/events",
+            {"metadata": {"name": name}, "involvedObject": obj, "type": kind, "reason": reason, "message": message,
+             "firstTimestamp": at, "lastTimestamp": at, "source": {"component": "attachdetach-controller"}},
+        )  # fmt: skip
+
+    stuck, other = make_pod("job-1"), make_pod("job-0")
+    io = ClusterIO(k8s_client)
+    assert io.pod_warning(namespace, stuck["metadata"]["uid"]) is None
+    event(stuck, "e1", "Warning", "FailedMount", "timed out waiting for the condition", "2026-12-01T08:00:00Z")
+    event(stuck, "e2", "Warning", "FailedAttachVolume", 'Multi-Attach error for volume "pvc-1"', "2026-12-01T08:00:05Z")
+    event(stuck, "e3", "Normal", "Scheduled", "assigned", "2026-12-01T08:00:09Z")
+    event(other, "e4", "Warning", "BackOff", "not this pod", "2026-12-01T08:00:10Z")
+    assert io.pod_warning(namespace, stuck["metadata"]["uid"]) == (
+        'FailedAttachVolume: Multi-Attach error for volume "pvc-1"'
+    )

@@ -29,9 +29,9 @@ REQUIRED: tuple[Permission, ...] = (
     Permission("apps", "statefulsets", ("get", "list", "watch", "create", "patch"), "server-side apply the workers"),
     Permission("", "services", ("get", "create", "patch"), "server-side apply the headless Service"),
     Permission("", "configmaps", ("get", "create", "patch"), "server-side apply hostfile and DeepSpeed config"),
-    Permission("", "pods", ("get", "list", "watch", "deletecollection"), "follow ranks; gang restart"),
+    Permission("", "pods", ("get", "list", "watch", "delete"), "follow ranks; gang restart by name"),
     Permission("", "persistentvolumeclaims", ("get",), "check a multi-node job's claims are ReadWriteMany"),
-    Permission("", "events", ("create",), "report transitions as Events"),
+    Permission("", "events", ("create", "list"), "report transitions; read why a pod waits"),
 )
 
 OPTIONAL: tuple[Permission, ...] = (

@@ -186,6 +186,21 @@ class ClusterIO:
         modes = (pvc.status.access_modes if pvc.status else None) or (pvc.spec.access_modes if pvc.spec else None)
         return tuple(modes or ())
 
+    def pod_warning(self, namespace: str, pod_uid: str) -> str | None:
+        """The newest Warning Event about a pod (`FailedAttachVolume: Multi-Attach error ...`), if any:
+        what keeps a pod in ContainerCreating is told in Events, not in its status."""
+        events = self.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.uid={pod_uid},type=Warning", _request_timeout=TIMEOUT
+        )
+        newest = max(
+            events.items or [],
+            key=lambda e: str(e.last_timestamp or e.event_time or e.first_timestamp or ""),
+            default=None,
+        )
+        if newest is None:
+            return None
+        return f"{newest.reason or 'Warning'}: {' '.join(str(newest.message or '').split())[:300]}"
+
     def delete_job(self, namespace: str, name: str) -> None:
         try:
             self.custom.delete_namespaced_custom_object(

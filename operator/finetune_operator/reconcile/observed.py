@@ -45,6 +45,9 @@ class PodView:
     last_terminated: Termination | None
     waiting: str | None = None
     """Why a container of the pod is not running yet (ImagePullBackOff, CreateContainerConfigError, ...)."""
+    warning: str | None = None
+    """The newest Warning Event about the pod while it waits (FailedAttachVolume, FailedMount, ...),
+    filled in by the reconciler: Events are not part of the pod."""
     owner_uid: str | None = None
     """The uid of the StatefulSet that controls this pod (its controller ownerReference), if any."""
 

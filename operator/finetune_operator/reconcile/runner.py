@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,12 +33,16 @@ from .cluster_io import ChildWriteError, ClusterIO, Conflict, status_patch
 from .lifecycle import Decision, Event, PlanFailed, decide
 from .observed import Observed
 from .policies.child_write import after_write_error
+from .policies.context import parse_timestamp
 from .progress import Sample, scrape, to_progress
 from .salvage import invalid_spec_status, salvage_status
 
 log = logging.getLogger("finetune_operator")
 EventSink = Callable[[Mapping[str, Any], Event], None]
 PROGRESS_EVERY_SECONDS = 3.0
+WARNING_AFTER_SECONDS = 20.0
+"""A pod not running this long gets its newest Warning Event read (FailedAttachVolume, ...)."""
+WARNING_EVERY_SECONDS = 15.0
 """How often rank 0's metrics are read (one small HTTP GET per running job)."""
 
 
@@ -79,6 +83,7 @@ class Reconciler:
         self._scraped_at: dict[str, float] = {}
         self._hashes: dict[str, tuple[tuple[str, str], str]] = {}
         self._written: dict[str, str] = {}
+        self._warnings: dict[str, tuple[float, str | None]] = {}
 
     def _desired_hash(self, job: FineTuneJob, plan: PlanStatus) -> str:
         """`gang_hash`, remembered per job: it renders every config file, and each pass needs it."""
@@ -183,6 +188,7 @@ class Reconciler:
         job = job.model_copy(update={"status": status})
         namespace = job.metadata.namespace or ""
         progress = self._progress(job, observed, now)
+        observed = self._with_warnings(namespace, observed, now)
         decision = decide(
             job,
             observed,
@@ -211,6 +217,35 @@ class Reconciler:
         progress = to_progress(now, sample, self._samples.get(uid))
         self._samples[uid] = sample
         return progress
+
+    def _with_warnings(self, namespace: str, observed: Observed, now: datetime) -> Observed:
+        """Pods stuck before their containers run, with the newest Warning Event about them.
+
+        Only pods not ready for WARNING_AFTER_SECONDS and with nothing better to say (not
+        unschedulable, no waiting reason); read at most every WARNING_EVERY_SECONDS per pod."""
+        pods = []
+        for view in observed.pods:
+            created = parse_timestamp(view.created)
+            quiet = view.phase == "Pending" and not (view.deleting or view.unschedulable or view.waiting)
+            if quiet and created is not None and (now - created).total_seconds() >= WARNING_AFTER_SECONDS:
+                pods.append(replace(view, warning=self._warning(namespace, view.uid)))
+            else:
+                pods.append(view)
+        horizon = time.monotonic() - 600  # entries of pods gone for ten minutes
+        for uid in [u for u, (at, _) in self._warnings.items() if at < horizon]:
+            del self._warnings[uid]
+        return replace(observed, pods=tuple(pods))
+
+    def _warning(self, namespace: str, uid: str) -> str | None:
+        at, last = self._warnings.get(uid, (0.0, None))
+        if time.monotonic() - at < WARNING_EVERY_SECONDS:
+            return last
+        try:
+            last = self.cluster.pod_warning(namespace, uid)
+        except Exception:  # an explanation is optional: never fail a pass for it
+            last = None
+        self._warnings[uid] = (time.monotonic(), last)
+        return last
 
     def _has_effects(self, body: Mapping[str, Any], job: FineTuneJob, observed: Observed, d: Decision) -> bool:
         old = salvage_status(body.get("status"))

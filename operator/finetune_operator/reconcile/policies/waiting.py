@@ -1,6 +1,7 @@
 """Running, or waiting for workers: every rank of the gang ready is `Running` (and the end of a
 restart, announced); anything less says how many are ready and why the first stuck one waits
-(unschedulable, or a container waiting: ImagePullBackOff, FailedAttachVolume, ...)."""
+(unschedulable, a container waiting: ImagePullBackOff, CreateContainerConfigError, ..., or a
+Warning Event about the pod: FailedAttachVolume, FailedMount, ...)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def decide(ctx: Context) -> Decision | None:
         if is_true(b.status.conditions, ConditionType.RESTARTING):
             b.cond(ConditionType.RESTARTING, False, R.RECOVERED, "all ranks are back", announce=True)
     else:
-        why = ((p.name, p.unschedulable or p.waiting) for p in ctx.pods)
+        why = ((p.name, p.unschedulable or p.waiting or p.warning) for p in ctx.pods)
         stuck = next((f"; {name}: {reason}" for name, reason in why if reason), "")
         b.cond(ConditionType.RUNNING, False, R.WAITING, f"{ready} of {nodes} workers ready{stuck}")
     return ctx.workers_decision
