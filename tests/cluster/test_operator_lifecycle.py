@@ -156,7 +156,8 @@ def test_ttl_deletes_a_finished_job_and_its_children(jobs: Jobs) -> None:
 
 
 def test_deleting_a_job_collects_children_but_keeps_output(jobs: Jobs) -> None:
-    pvc = {"metadata": {"name": "out"}, "spec": {"accessModes": ["ReadWriteOnce"],
+    # ReadWriteMany: a 2-node job's ranks all write its checkpoints (a ReadWriteOnce claim is refused)
+    pvc = {"metadata": {"name": "out"}, "spec": {"accessModes": ["ReadWriteMany"],
                                                   "resources": {"requests": {"storage": "1Gi"}}}}  # fmt: skip
     jobs.kube.create(f"/api/v1/namespaces/{jobs.ns}/persistentvolumeclaims", pvc)
     jobs.create(**small(output={"uri": "pvc://out/job"}))
