@@ -42,17 +42,22 @@ def pending(ordinal: int, config_hash: str) -> dict[str, Any]:
     return body
 
 
-def _running_condition(store: JobStore) -> dict[str, Any]:
-    return next(c for c in store.body["status"]["conditions"] if c["type"] == "Running")
-
-
-def test_a_pod_stuck_on_its_volume_names_the_warning_in_the_running_condition() -> None:
+def created_job() -> tuple[Events, Reconciler, dict[str, Any]]:
+    """A 2-node job after its first pass: the store, the reconciler and the applied StatefulSet."""
     doc = job_document(resources={"numNodes": 2, "gpusPerNode": 8})
     doc["metadata"].update({"uid": "u1", "resourceVersion": "1", "generation": 1})
     store = Events(doc, {})
     reconciler = Reconciler(cast(ClusterIO, store), RenderOptions(trainer_image="t"), lambda *_: None)
     reconciler.reconcile(store.read_job("", ""), observe(None, []))
-    sts = next(o for o in store.applied[-1] if o["kind"] == "StatefulSet")
+    return store, reconciler, next(o for o in store.applied[-1] if o["kind"] == "StatefulSet")
+
+
+def _running_condition(store: JobStore) -> dict[str, Any]:
+    return next(c for c in store.body["status"]["conditions"] if c["type"] == "Running")
+
+
+def test_a_pod_stuck_on_its_volume_names_the_warning_in_the_running_condition() -> None:
+    store, reconciler, sts = created_job()
     stuck, first = pending(1, gang_hash(sts)), pod(0, config_hash=gang_hash(sts))
     store.warnings[stuck["metadata"]["uid"]] = f"FailedAttachVolume: {MULTI_ATTACH}"
 
@@ -67,12 +72,7 @@ def test_a_pod_stuck_on_its_volume_names_the_warning_in_the_running_condition() 
 
 
 def test_a_pod_without_warnings_or_one_that_says_why_itself_costs_no_event_read() -> None:
-    doc = job_document(resources={"numNodes": 2, "gpusPerNode": 8})
-    doc["metadata"].update({"uid": "u1", "resourceVersion": "1", "generation": 1})
-    store = Events(doc, {})
-    reconciler = Reconciler(cast(ClusterIO, store), RenderOptions(trainer_image="t"), lambda *_: None)
-    reconciler.reconcile(store.read_job("", ""), observe(None, []))
-    sts = next(o for o in store.applied[-1] if o["kind"] == "StatefulSet")
+    store, reconciler, sts = created_job()
     pulling = pending(1, gang_hash(sts))
     pulling["status"]["containerStatuses"] = [
         {"name": "trainer", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}}
