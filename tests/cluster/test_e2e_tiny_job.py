@@ -105,5 +105,6 @@ def test_killed_rank_gang_restarts_and_resumes(tiny: Jobs, kubeconfig: Path, loc
 
     wait_for(resumed, 300, "the new gang to resume from the checkpoint")
     status = tiny.wait_state("Succeeded", name="tiny-cpu", timeout=600)
-    assert status["restarts"] == 1 and status["result"]["steps"] == 40
+    assert status["restarts"] == 1, f"a second gang restart: {status.get('lastFailure')}"
+    assert status["result"]["steps"] == 40
     tiny.wait_events({"RankFailed", "Completed"}, name="tiny-cpu")
