@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import time
@@ -147,4 +148,7 @@ def test_shm_setup_missing_a_peer_segment_fails_clearly_instead_of_hanging(
     assert run.wait(120) == 1, run.log()[-3000:]
     message = run.termination()
     assert message.startswith("TrainingError: DeepSpeed's shared-memory setup (shm_initialize) did not finish"), message
-    assert "within 15 s on rank 1" in message and f"master port {run.port}" in message
+    # Rank 1 waits for the segment that is gone. Rank 0 waits for rank 1's, which appears only
+    # after SIGCONT: on a loaded host its own 15 s can run out first. Either is a clear failure.
+    assert re.search(r"within 15 s on rank [01]:", message), message
+    assert f"master port {run.port}" in message
