@@ -130,6 +130,18 @@ def test_half_ready_is_not_running() -> None:
     assert any(c.reason == "WaitingForWorkers" for c in decision.status.conditions)
 
 
+def test_a_rank_that_finished_first_keeps_the_job_running_not_planned() -> None:
+    job, _ = step(job_with(), [])
+    job, _ = step(job, [pod(0), pod(1)])
+    decision = run(job, [pod(0), pod(1, ready=False, state={"terminated": exited(0, reason="Completed")})])
+    assert decision.status.state == "Running"
+    running = next(c for c in decision.status.conditions if c.type == "Running")
+    assert running.reason == "RanksFinishing" and running.message == "1 of 2 workers finished, 1 still running"
+    # A finished rank beside one that is not ready yet is still waiting.
+    decision = run(job, [pod(0, ready=False), pod(1, ready=False, state={"terminated": exited(0, reason="Completed")})])
+    assert decision.status.state == "Planned"
+
+
 def test_every_rank_exiting_zero_succeeds_with_the_summary_in_result() -> None:
     job, _ = step(job_with(), [])
     summary = json.dumps({"finalLoss": 0.25, "steps": 40, "tokens": 12345, "adapterUri": "/out/adapter"})

@@ -1,5 +1,6 @@
 """Running, or waiting for workers: every rank of the gang ready is `Running` (and the end of a
-restart, announced); anything less says how many are ready and why the first stuck one waits
+restart, announced), and so is a gang whose finished ranks wait for the rest; anything less
+says how many are ready and why the first stuck one waits
 (unschedulable, a container waiting: ImagePullBackOff, CreateContainerConfigError, ..., or a
 Warning Event about the pod: FailedAttachVolume, FailedMount, ...)."""
 
@@ -13,7 +14,13 @@ from .context import Context, Decision
 
 def decide(ctx: Context) -> Decision | None:
     b, nodes, ready = ctx.status, ctx.nodes, ctx.ready
-    if len(ctx.pods) == nodes and ready == nodes:
+    # A rank that exited 0 while its peers still train is finishing, not waiting: the job
+    # stays Running (it never goes back to Planned on its way to Succeeded).
+    finished = sum(1 for p in ctx.pods if p.failure is None and p.completed is not None and not p.ready)
+    if finished and len(ctx.pods) == nodes and ready + finished == nodes:
+        message = f"{finished} of {nodes} workers finished, {ready} still running"
+        b.cond(ConditionType.RUNNING, True, R.FINISHING, message)
+    elif len(ctx.pods) == nodes and ready == nodes:
         b.cond(ConditionType.RUNNING, True, R.ALL_RUNNING, f"{nodes} of {nodes} workers running")
         if is_true(b.status.conditions, ConditionType.RESTARTING):
             b.cond(ConditionType.RESTARTING, False, R.RECOVERED, "all ranks are back", announce=True)
