@@ -39,6 +39,22 @@ def test_local_directory_with_config_json(tmp_path: Path) -> None:
     assert result.workload.shape.num_layers == 2 and result.chosen is not None
 
 
+def test_the_operator_never_reads_an_absolute_model_path_on_its_own_filesystem(tmp_path: Path) -> None:
+    from finetune_operator.reconcile.lifecycle import PlanFailed
+    from finetune_operator.reconcile.runner import plan_or_fail
+
+    config = resolve_reference("llama-2-7b").config | {"num_hidden_layers": 2}
+    (tmp_path / "config.json").write_text(json.dumps(config))  # there, but on the operator's disk
+    for uri in (str(tmp_path), f"file://{tmp_path}"):
+        with pytest.raises(PlanFailed) as failed:
+            plan_or_fail(make_job(model={"uri": uri}).spec)
+        assert failed.value.reason == "InvalidSpec", failed.value
+        assert "spec.model.uri" in str(failed.value) and "set spec.model.architecture" in str(failed.value)
+    # Naming the architecture plans it, from the catalogue, as the pods will load it.
+    plan = plan_or_fail(make_job(model={"uri": str(tmp_path), "architecture": "llama-2-7b"}).spec)
+    assert plan.zero_stage in (0, 1, 2, 3)
+
+
 def test_missing_config_json_says_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(ModelConfigNotFoundError, match=r"config\.json does not exist.*model\.architecture"):
         plan_job(make_job(model={"uri": str(tmp_path)}).spec)

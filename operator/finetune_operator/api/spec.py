@@ -176,7 +176,8 @@ class ModelSpec(RuledModel):
 
     uri: Annotated[str, Field(max_length=512, pattern=URI_PATTERN)] = Field(
         description="Where the model is: hub id (`org/name` or `hf://org/name`), "
-        "`pvc://claim/path`, an absolute path in the container, `builtin://tiny-llama` (random, tiny) "
+        "`pvc://claim/path`, an absolute path in the container (the operator cannot read it: set `architecture`), "
+        "`builtin://tiny-llama` (random, tiny) "
         "or `builtin://smollm2-135m-instruct` (a real pretrained 135M instruct model)."
     )
     revision: Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")] | None = Field(

@@ -114,6 +114,19 @@ def resolve_reference(reference: str) -> ModelSource:
     )
 
 
-def resolve_model(model: ModelSpec) -> ModelSource:
-    """The architecture a job plans with: `model.architecture` when set, else `model.uri`."""
-    return resolve_reference(model.architecture or model.uri)
+def resolve_model(model: ModelSpec, local_files: bool = True) -> ModelSource:
+    """The architecture a job plans with: `model.architecture` when set, else `model.uri`.
+
+    `local_files=False` is the operator: an absolute `model.uri` is a path inside the trainer
+    pods, and reading that path on the operator's own filesystem would plan with whatever
+    happens to be there (or probe the operator's files), so it asks for `model.architecture`.
+    `ftjob plan` and `ftjob run` read it: the trainer runs on the same machine.
+    """
+    reference = model.architecture or model.uri
+    if not local_files and reference.removeprefix("file://").startswith("/"):
+        raise UnknownArchitectureError(
+            f"spec.model.uri {model.uri!r} is a path inside the trainer pods, which the operator cannot read "
+            "while planning: set spec.model.architecture to a catalogue name "
+            f"({', '.join(catalogue_entries())}) or a hub id the catalogue knows"
+        )
+    return resolve_reference(reference)

@@ -231,10 +231,12 @@ def plan_job(
     traced: bool = False,
     margin: float = DEFAULT_FIT_MARGIN,
     require_fit: bool = True,
+    *,
+    local_files: bool = True,
 ) -> PlanResult:
     """Plan a job. Raises `DoesNotFitError` (with what would fit) when nothing fits and
     `require_fit` is true, `InvalidModelError` for an unknown or unreadable model."""
-    workload = workload_from_spec(spec)
+    workload = workload_from_spec(spec, local_files)
     memory = gpu_memory_bytes if gpu_memory_bytes is not None else spec.resources.gpu_memory_bytes
     override = traced_activations(spec, workload) if traced else None
     pins = Pins.from_spec(spec)
@@ -246,9 +248,9 @@ def plan_job(
     return result
 
 
-def choose_plan(spec: FineTuneJobSpec) -> PlanStatus:
-    """The plan the operator and `ftjob run` use: the chosen candidate as `status.plan`."""
-    return plan_job(spec).to_status()
+def choose_plan(spec: FineTuneJobSpec, local_files: bool = True) -> PlanStatus:
+    """The plan the operator (`local_files=False`) and `ftjob run` use: the chosen candidate as `status.plan`."""
+    return plan_job(spec, local_files=local_files).to_status()
 
 
 def strategy_of(status: PlanStatus) -> Strategy:

@@ -158,9 +158,10 @@ def _lora_dropout(spec: FineTuneJobSpec, shape: ArchitectureShape, model: str) -
         raise UnsupportedSettingError(str(exc)) from None
 
 
-def workload_from_spec(spec: FineTuneJobSpec) -> Workload:
-    """Resolve the model, count its parameters under the job's method and collect the rest."""
-    source = resolve_model(spec.model)
+def workload_from_spec(spec: FineTuneJobSpec, local_files: bool = True) -> Workload:
+    """Resolve the model, count its parameters under the job's method and collect the rest
+    (`local_files=False`: never read an absolute model path, see `resolve_model`)."""
+    source = resolve_model(spec.model, local_files)
     shape = architecture_shape(source.config)
     method = str(spec.method.type)
     lora = spec.method.lora_or_default

@@ -53,7 +53,7 @@ def plan_or_fail(
     try:
         if access_modes is not None and spec.resources.num_nodes > 1:
             check_shared_storage(spec, {claim: access_modes(claim) for claim in written_claims(spec)})
-        return choose_plan(spec)
+        return choose_plan(spec, local_files=False)
     except PlanningError as exc:
         raise PlanFailed(exc.condition_reason, str(exc)) from exc
 
