@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's first command: install what is needed, then show a FineTuneJob being
-# validated, planned and trained on this machine's CPU (the embedded tiny model and task).
+# validated, planned and trained on this machine's CPU (SmolLM2-135M-Instruct from PyPI, a made-up code).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh

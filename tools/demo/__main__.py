@@ -3,9 +3,9 @@
 It starts the local control plane (etcd, kube-apiserver, controller-manager, scheduler,
 one kwok GPU node and one process node that really runs pods), installs the Helm chart,
 runs the operator with the chart's ServiceAccount credentials, applies
-examples/tiny-cpu.yaml (a random tiny Llama learning to reverse word lists;
-`--example examples/smollm2-cpu.yaml` for a real pretrained model, SmolLM2-135M-Instruct,
-learning a made-up code), shows
+examples/smollm2-cpu.yaml (a real pretrained model, SmolLM2-135M-Instruct, learning a
+made-up word-for-word code; `--example examples/tiny-cpu.yaml` for a random tiny Llama
+learning to reverse word lists, faster), shows
 `kubectl get ftj -w`-style progress while two real DeepSpeed ranks train on the process
 node, prints the result, the model's answers to held-out prompts before and after with
 their exact-match accuracy, and the plan, and stops everything it started.
@@ -30,7 +30,7 @@ from finetune_localcluster.binaries import ensure_binaries
 from finetune_localcluster.devtools import OperatorProcess, bind_claim, helm, install_crd, service_account_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "tiny-cpu.yaml"
+EXAMPLE = REPO / "examples" / "smollm2-cpu.yaml"
 SYSTEM_NS, JOB_NS = "ftjob-system", "ml-demo"
 CHART, RELEASE, CLAIM = REPO / "charts" / "finetune-operator", "ftjob", "ftjob-output"
 
@@ -86,7 +86,7 @@ def print_answers(train_log: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=REPO / ".work" / "demo")
-    parser.add_argument("--timeout", type=float, default=1200)
+    parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--example", type=Path, default=EXAMPLE, help="the FineTuneJob to apply")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
