@@ -119,6 +119,8 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
     ({"output": {"uri": "pvc://out/../../x"}}, "spec.output.uri", "'..' path segment"),
     ({"dataset": {"uri": "pvc://out/../x"}}, "spec.dataset.uri", "'..' path segment"),
     ({"model": {"uri": "/m/x", "tokenizer": "pvc://t/a/../b"}}, "spec.model.tokenizer", "'..' path segment"),
+    ({"deepspeed": {"offloadOptimizer": "nvme", "nvmePath": "/"}}, "spec.deepspeed.nvmePath", "dedicated directory"),
+    ({"deepspeed": {"offloadParams": "nvme", "nvmePath": "/dev/shm"}}, "spec.deepspeed.nvmePath", "dedicated dir"),
 ]
 
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from . import mount_paths
 from .base import (
     DNS_SUBDOMAIN_PATTERN,
     ENV_NAME_PATTERN,
@@ -547,6 +548,12 @@ class DeepSpeedSpec(RuledModel):
             message="nvme offload needs nvmePath",
             field_path=".nvmePath",
             check=lambda d: "nvme" not in (d.offload_optimizer, d.offload_params) or d.nvme_path is not None,
+        ),
+        CrossFieldRule(
+            cel="!has(self.nvmePath) || (" + mount_paths.cel_rule().replace("self", "self.nvmePath") + ")",
+            message="nvmePath " + mount_paths.MESSAGE,
+            field_path=".nvmePath",
+            check=lambda d: d.nvme_path is None or mount_paths.problem(d.nvme_path) is None,
         ),
         CrossFieldRule(
             cel="!has(self.offloadOptimizer) || self.offloadOptimizer in ['auto', 'none'] || !has(self.zeroStage) "
