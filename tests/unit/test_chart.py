@@ -360,6 +360,20 @@ def test_values_reach_the_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @needs_helm
+def test_scheduling_policy_values_reach_the_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    args, _ = _operator_args(render(), monkeypatch)
+    assert (args.allowed_priority_class, args.allowed_toleration_key, args.allow_tolerate_all) == ([], [], False)
+    objects = render(
+        "operator.policy.allowedPriorityClasses={training-low,training-high}",
+        "operator.policy.allowedTolerationKeys={dedicated}",
+        "operator.policy.allowTolerateAll=true",
+    )
+    args, _ = _operator_args(objects, monkeypatch)
+    assert args.allowed_priority_class == ["training-low", "training-high"]
+    assert args.allowed_toleration_key == ["dedicated"] and args.allow_tolerate_all
+
+
+@needs_helm
 def test_operator_runs_alone() -> None:
     spec = one(render(), "Deployment")["spec"]
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}

@@ -50,6 +50,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--pod-monitor", action="store_true", default=env("FTJOB_POD_MONITOR", "") == "true")
     parser.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="default: in-cluster, then ~/.kube/config")
+    parser.add_argument(
+        "--allowed-priority-class",
+        action="append",
+        default=[],
+        help="a priority class jobs may use (repeat; none given: any class but system-*)",
+    )
+    parser.add_argument(
+        "--allowed-toleration-key",
+        action="append",
+        default=[],
+        help="a taint key jobs may tolerate (repeat; none given: any key)",
+    )
+    parser.add_argument(
+        "--allow-tolerate-all",
+        action="store_true",
+        help="let jobs tolerate every taint (a toleration without a key and operator Exists)",
+    )
     parser.add_argument("--verbose", action="store_true")
 
 
@@ -76,6 +93,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     from prometheus_client import start_http_server
 
     from ..handlers.registry import HandlerSettings, build_registry, post_event
+    from ..plan.scheduling_policy import SchedulingPolicy
     from ..reconcile import metrics
     from ..reconcile.cluster_io import ClusterIO
     from ..reconcile.runner import Reconciler
@@ -90,7 +108,12 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     metrics.initialise(tuple(args.namespace))
     start_http_server(args.metrics_port, addr=args.metrics_address)
     options = RenderOptions(trainer_image=args.trainer_image, pod_monitor=args.pod_monitor)
-    reconciler = Reconciler(ClusterIO(), options, post_event)
+    policy = SchedulingPolicy(
+        priority_classes=tuple(args.allowed_priority_class),
+        toleration_keys=tuple(args.allowed_toleration_key),
+        tolerate_everything=args.allow_tolerate_all,
+    )
+    reconciler = Reconciler(ClusterIO(), options, post_event, policy)
     registry = build_registry(reconciler, HandlerSettings(interval_seconds=args.interval, max_workers=args.workers))
     liveness = f"http://{args.metrics_address}:{args.health_port}/healthz"
     asyncio.run(

@@ -24,6 +24,7 @@ from ..api.spec import FineTuneJobSpec
 from ..api.status import FineTuneJobStatus, PlanStatus
 from ..plan import choose_plan, next_frugal_plan
 from ..plan.errors import PlanningError
+from ..plan.scheduling_policy import SchedulingPolicy
 from ..plan.storage import check_shared_storage, written_claims
 from ..render.manifests import gang_hash, render_all
 from ..render.options import RenderOptions
@@ -47,10 +48,14 @@ WARNING_EVERY_SECONDS = 15.0
 
 
 def plan_or_fail(
-    spec: FineTuneJobSpec, access_modes: Callable[[str], tuple[str, ...] | None] | None = None
+    spec: FineTuneJobSpec,
+    access_modes: Callable[[str], tuple[str, ...] | None] | None = None,
+    policy: SchedulingPolicy = SchedulingPolicy(),  # noqa: B008 (frozen, so one shared default is safe)
 ) -> PlanStatus:
-    """The plan, or PlanFailed; `access_modes` reads a claim's access modes (multi-node jobs)."""
+    """The plan, or PlanFailed; `access_modes` reads a claim's access modes (multi-node jobs),
+    `policy` is what this installation lets a job ask of the scheduler."""
     try:
+        policy.check(spec)
         if access_modes is not None and spec.resources.num_nodes > 1:
             check_shared_storage(spec, {claim: access_modes(claim) for claim in written_claims(spec)})
         return choose_plan(spec, local_files=False)
@@ -72,9 +77,16 @@ class Reconciler:
     """Decides on the body it is given and acts; status writes carry the body's resourceVersion,
     so a write decided on a stale body is refused (409) and decided again on the next pass."""
 
-    def __init__(self, cluster: ClusterIO, options: RenderOptions, sink: EventSink) -> None:
+    def __init__(
+        self,
+        cluster: ClusterIO,
+        options: RenderOptions,
+        sink: EventSink,
+        policy: SchedulingPolicy = SchedulingPolicy(),  # noqa: B008 (frozen)
+    ) -> None:
         self.cluster = cluster
         self.options = options
+        self.policy = policy
         self.sink = sink
         self.census = metrics.JobCensus()
         self._locks: dict[str, threading.Lock] = {}
@@ -193,7 +205,9 @@ class Reconciler:
             job,
             observed,
             now,
-            planner=lambda spec: plan_or_fail(spec, lambda claim: self.cluster.claim_access_modes(namespace, claim)),
+            planner=lambda spec: plan_or_fail(
+                spec, lambda claim: self.cluster.claim_access_modes(namespace, claim), self.policy
+            ),
             replanner=next_frugal_plan,
             desired_config_hash=lambda plan: self._desired_hash(job, plan),
             progress=progress,
