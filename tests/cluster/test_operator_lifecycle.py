@@ -8,6 +8,7 @@ container exits on the simulated pods.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -212,6 +213,29 @@ def test_deeper_validation_fails_the_job_with_a_reason(jobs: Jobs) -> None:
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "InvalidSpec" and "spec.deepspeed.overrides" in failed["message"]
     assert jobs.statefulset() is None
+
+
+@pytest.mark.parametrize("depth", [1000, 5000])
+def test_a_deeply_nested_override_fails_its_job_and_never_the_operator(
+    jobs: Jobs, operator: OperatorProcess, depth: int
+) -> None:
+    """The apiserver keeps unknown fields under overrides (its CEL cannot type them), so a value
+    nested 1,000 deep was admitted and stopped kopf's watch with RecursionError, for every job."""
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(4 * depth + limit)  # this test's own client copies, encodes and decodes the body
+    try:
+        jobs.create("deep", **small(deepspeed={"overrides": {"zero_optimization.x": value}}))
+        status = jobs.wait_state("Failed", name="deep")
+    finally:
+        sys.setrecursionlimit(limit)
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidSpec" and "spec.deepspeed.overrides" in failed["message"], failed
+    assert operator.proc is not None and operator.proc.poll() is None, operator.log_path.read_text()[-3000:]
+    jobs.create(**small())
+    running(jobs)  # the watch is still alive: a later job is planned and started
 
 
 def test_unschedulable_workers_say_why(jobs: Jobs) -> None:

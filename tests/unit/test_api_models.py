@@ -231,3 +231,28 @@ def test_warmup_steps_from_a_ratio_round_to_nearest_or_are_given(
 )
 def test_held_out_fraction(dataset: dict[str, Any], fraction: float) -> None:
     assert make_job(dataset=dataset).spec.dataset.held_out_fraction == fraction
+
+
+@pytest.mark.parametrize("depth", [65, 5000])
+def test_a_deeply_nested_value_is_refused_naming_its_field_at_any_depth(depth: int) -> None:
+    import sys
+
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(4 * depth + limit)  # the test's own deep copy of the document
+    try:
+        lines = problems(deepspeed={"overrides": {"zero_optimization.x": value}}, podTemplate={"affinity": {"a": {}}})
+    finally:
+        sys.setrecursionlimit(limit)
+    assert lines == ["spec.deepspeed.overrides.zero_optimization.x: nested deeper than 64 levels of lists and objects"]
+
+
+def test_nesting_within_the_limit_is_judged_by_the_schema() -> None:
+    value: Any = 1
+    for _ in range(40):
+        value = [value]
+    lines = problems(deepspeed={"overrides": {"zero_optimization.x": value}})
+    assert lines and all(line.startswith("spec.deepspeed.overrides.zero_optimization.x") for line in lines), lines
+    assert not any("nested deeper" in line for line in lines)

@@ -13,7 +13,7 @@ import re
 from decimal import Decimal
 from typing import Annotated, Any, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 QUANTITY_PATTERN = r"^(\+)?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$"
@@ -34,6 +34,29 @@ _SUFFIX = {
     "Pi": Decimal(2) ** 50,
     "Ei": Decimal(2) ** 60,
 }
+
+MAX_NESTING = 64
+"""Lists and objects in a document, one inside the other. The deepest field of a FineTuneJob
+is about 12 levels down; the apiserver admits 10,000 where a schema keeps unknown fields, and
+the JSON parser pydantic validates with stops at a few hundred without saying where."""
+
+
+def first_too_deep(data: Any, limit: int = MAX_NESTING) -> tuple[str | int, ...] | None:
+    """Where `data` first nests deeper than `limit`: the path to the last object key above
+    that point (list indices below it are left out), or None. Iterative, so any depth is fine."""
+    stack: list[tuple[Any, tuple[str | int, ...], int]] = [(data, (), 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        if isinstance(node, dict | list) and depth >= limit:
+            while path and isinstance(path[-1], int):
+                path = path[:-1]
+            return path
+        if isinstance(node, dict):
+            stack.extend((v, (*path, str(k)), depth + 1) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, (*path, i), depth + 1) for i, v in enumerate(node))
+    return None
+
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -60,6 +83,12 @@ class ApiModel(BaseModel):
         Strict JSON-mode validation: no "yes" for a boolean, no "8" for an integer, but
         enum members may be given as their strings.
         """
+        too_deep = first_too_deep(data)
+        if too_deep is not None:
+            error = ValueError(f"nested deeper than {MAX_NESTING} levels of lists and objects")
+            raise ValidationError.from_exception_data(
+                cls.__name__, [{"type": "value_error", "loc": too_deep, "input": "...", "ctx": {"error": error}}]
+            )
         return cls.model_validate_json(json.dumps(data, default=str))
 
     def to_wire(self) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
 import threading
 
 DEFAULT_IMAGE_ENV = "FTJOB_TRAINER_IMAGE"
@@ -88,6 +89,21 @@ def _load_kube_config(path: str | None, connections: int) -> None:
     client.Configuration.set_default(settings)
 
 
+RECURSION_LIMIT = 30_000
+"""Python frames allowed. The apiserver admits JSON nested 10,000 deep where a schema keeps
+unknown fields (spec.deepspeed.overrides: its CEL cannot type such values, so no rule can refuse
+them), and kopf decodes, copies and encodes every object it watches: at Python's default of
+1,000 one such FineTuneJob stopped the watch, and with it the operator, for every job."""
+THREAD_STACK_BYTES = 64 * 1024 * 1024
+"""C stack of the threads started after `run` begins (kopf's executor, the reconcile workers),
+so the deeper recursion above fits in C as well (8 MiB held 50,000 levels of json in a test)."""
+
+
+def _allow_deep_objects() -> None:
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), RECURSION_LIMIT))
+    threading.stack_size(THREAD_STACK_BYTES)
+
+
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     import kopf
     from prometheus_client import start_http_server
@@ -104,6 +120,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     )
     if not args.verbose:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event is noise
+    _allow_deep_objects()
     _load_kube_config(args.kubeconfig, connections=args.workers + 2)
     metrics.initialise(tuple(args.namespace))
     start_http_server(args.metrics_port, addr=args.metrics_address)
