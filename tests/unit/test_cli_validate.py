@@ -137,3 +137,45 @@ def test_installed_console_script_runs_torch_free() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+def _bomb(levels: int) -> str:
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+JOB_HEAD = "apiVersion: finetune.dev/v1alpha1\nkind: FineTuneJob\nmetadata: {name: x}\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (_bomb(9).encode(), "excessive aliasing: 72 YAML aliases expand to more than 100,000 values"),
+        (
+            (JOB_HEAD + "spec: {deepspeed: {overrides: {a: " + "[" * 3000 + "1" + "]" * 3000 + "}}}\n").encode(),
+            "nested too deep to parse",
+        ),
+        (JOB_HEAD.encode() + b"  labels: {a: \xff\xfe}\n", "not UTF-8 text: byte 0xff at offset"),
+        (b"a: " + b"x" * (3 * 1024 * 1024), "larger than 3 MiB: the apiserver refuses requests this big"),
+    ],
+    ids=["alias-bomb", "deep", "not-utf8", "too-big"],
+)
+def test_validate_is_total_one_line_and_no_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, expected: str
+) -> None:
+    path = tmp_path / "hostile.yaml"
+    path.write_bytes(content)
+    assert main(["validate", str(path)]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"{path}: ") and expected in line, line
+
+
+def test_a_few_honest_aliases_still_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = (EXAMPLES / "tiny-cpu.yaml").read_text()
+    assert "metadata:\n  name: tiny-cpu\n" in text
+    text = text.replace("metadata:\n", "metadata:\n  labels: {team: &t ml, owner: *t}\n", 1)
+    path = tmp_path / "aliases.yaml"
+    path.write_text(text)
+    assert main(["validate", str(path)]) == 0, capsys.readouterr().err
