@@ -254,3 +254,21 @@ def test_without_a_memory_setting_the_pod_requests_the_planned_host_memory() -> 
     assert pinned_resources["requests"] == {"memory": "64Gi"} == {"memory": pinned_resources["limits"]["memory"]}
     none = container(by_kind(render_all(j, plan.model_copy(update={"host_bytes_per_node": 0}), OPTIONS, 2)))
     assert "requests" not in none["resources"]
+
+
+def test_every_env_name_the_operator_sets_is_reserved_or_a_default_users_may_override() -> None:
+    """A user env var of a name the operator also sets duplicated the key: the apiserver refused
+    the StatefulSet and the job was left without status. Every such name must be reserved."""
+    from finetune_operator.api.spec import RESERVED_ENV
+    from finetune_operator.render.workers import DEFAULT_ENV
+
+    j = job(
+        model={"uri": "meta-llama/Llama-3.1-8B"},
+        hfTokenSecretRef={"name": "hf", "key": "token"},
+        resources={"numNodes": 2, "gpusPerNode": 8, "cpu": "32"},
+    )
+    names = [e["name"] for e in container(rendered(j))["env"]]
+    overridable = {*DEFAULT_ENV, "HF_TOKEN", "OMP_NUM_THREADS"}
+    assert "FTJOB_PREFETCH_MODEL" in names and "DS_ACCELERATOR" in names
+    assert sorted(n for n in names if n not in overridable and n not in RESERVED_ENV) == []
+    assert len(names) == len(set(names))

@@ -82,8 +82,14 @@ RESERVED_ENV = (
     "FTJOB_OUTPUT_DIR",
     "FTJOB_POD_NAME",
     "FTJOB_NAMESPACE",
+    "FTJOB_POD_IP",
+    "FTJOB_METRICS_PORT",
+    "FTJOB_PREFETCH_MODEL",
+    "DS_ACCELERATOR",
 )
-"""Names the operator sets itself; a user value would silently break the rendezvous."""
+"""Names the operator sets itself: a user value would silently break the rendezvous, or
+duplicate a key the apiserver then refuses in the StatefulSet (the job left without status).
+Defaults a user may override (HOME, HF_HOME, HF_TOKEN, ...) are not here."""
 
 PLANNER_OWNED_DEEPSPEED_KEYS = (
     "train_batch_size",
