@@ -119,6 +119,15 @@ def test_wire_round_trip_is_exact() -> None:
         ({"training": {"sead": 1}}, "spec.training.sead: unknown field (allowed: checkpointEverySteps"),
         ({"suspend": "maybe"}, "spec.suspend:"),
         ({"failurePolicy": {"onOutOfMemory": "Retry"}}, "spec.failurePolicy.onOutOfMemory: must be one of"),
+        ({"resources": {"gpuMemory": "9" * 400 + "Gi"}}, "spec.resources.gpuMemory: not a Kubernetes quantity: '999"),
+        ({"resources": {"gpuMemory": 10**30}}, "spec.resources.gpuMemory: must be a Kubernetes quantity"),
+        ({"resources": {"nodeSelector": {"bad key!": "x"}}}, "spec.resources.nodeSelector: key 'bad key!' is not a"),
+        ({"resources": {"nodeSelector": {"a": "bad value!"}}}, "spec.resources.nodeSelector.a: invalid value 'bad "),
+        (
+            {"resources": {"tolerations": [{"key": "-x", "operator": "Exists"}]}},
+            "spec.resources.tolerations[0].key: invalid value '-x': must be a label key",
+        ),
+        ({"podTemplate": {"nodeSelector": {"a/b/c": "x"}}}, "spec.podTemplate.nodeSelector: key 'a/b/c' is not a"),
     ],
 )
 def test_invalid_specs_name_the_field(spec: dict[str, Any], expected: str) -> None:

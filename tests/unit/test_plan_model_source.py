@@ -80,3 +80,12 @@ def test_errors_carry_the_condition_reason() -> None:
     assert UnknownArchitectureError.condition_reason == "InvalidSpec"
     assert DoesNotFitError.condition_reason == "DoesNotFit"
     assert issubclass(DoesNotFitError, PlanningError)
+
+
+@pytest.mark.parametrize("bad", ["abc", -4, 2.5, True, None, 10**50])
+def test_a_config_json_of_odd_values_is_invalid_spec_not_a_crash(tmp_path: Path, bad: object) -> None:
+    config = resolve_reference("llama-2-7b").config | {"hidden_size": bad}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PlanningError) as failed:
+        plan_job(make_job(model={"uri": str(tmp_path)}).spec)
+    assert failed.value.condition_reason == "InvalidSpec" and "hidden_size" in str(failed.value), failed.value

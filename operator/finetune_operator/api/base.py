@@ -16,7 +16,8 @@ from typing import Annotated, Any, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-QUANTITY_PATTERN = r"^(\+)?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$"
+QUANTITY_PATTERN = r"^(\+)?([0-9]{1,18}(\.[0-9]{0,18})?|\.[0-9]{1,18})(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$"
+"""At most 18 digits either side of the point: a 400-digit `gpuMemory` once overflowed the planner."""
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 _SUFFIX = {
     "": Decimal(1),
@@ -56,6 +57,22 @@ def first_too_deep(data: Any, limit: int = MAX_NESTING) -> tuple[str | int, ...]
         elif isinstance(node, list):
             stack.extend((v, (*path, i), depth + 1) for i, v in enumerate(node))
     return None
+
+
+QUALIFIED_NAME_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+"""A label, taint or resource key: an optional DNS prefix and '/', then a name."""
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+"""A label (or taint) value: empty, or letters and digits with -_. inside."""
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+
+
+def check_node_selector(value: dict[str, str] | None) -> dict[str, str] | None:
+    """Node-selector keys must be qualified names (a pattern on map keys is not a structural
+    CRD schema, so this runs in pydantic: the operator answers Failed/InvalidSpec)."""
+    for key in value or {}:
+        if len(key) > 317 or not re.match(QUALIFIED_NAME_PATTERN, key):
+            raise ValueError(f"key {key!r} is not a valid label key (an optional DNS prefix and '/', then a name)")
+    return value
 
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -102,7 +119,10 @@ def parse_quantity(value: str | int | float) -> Decimal:
         return Decimal(str(value))
     match = _QUANTITY_RE.match(value.strip())
     if not match:
-        raise ValueError(f"not a Kubernetes quantity: {value!r} (examples: 80Gi, 24Gi, 512Mi, 8, 500m)")
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        raise ValueError(
+            f"not a Kubernetes quantity: {shown!r} (examples: 80Gi, 24Gi, 512Mi, 8, 500m; at most 18 digits)"
+        )
     number, suffix = match.group(2), match.group(4) or ""
     return Decimal(number) * _SUFFIX[suffix]
 
@@ -115,6 +135,8 @@ def quantity_bytes(value: str | int | float) -> int:
 def _check_quantity(value: str | int) -> str | int:
     if isinstance(value, bool):
         raise ValueError("must be a Kubernetes quantity such as 80Gi or 8, not a boolean")
+    if isinstance(value, int) and not 0 <= value < 2**63:
+        raise ValueError("must be a Kubernetes quantity such as 80Gi or 8, at most 18 digits")
     parse_quantity(value)
     return value
 

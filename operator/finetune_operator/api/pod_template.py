@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, ApiModel, Quantity
+from .base import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, ApiModel, LabelValue, Quantity, check_node_selector
 from .toleration import Toleration
 
 OWNED_LABEL_PREFIXES = ("app.kubernetes.io/", "finetune.dev/", "statefulset.kubernetes.io/", "apps.kubernetes.io/")
@@ -111,10 +111,11 @@ class PodTemplateOverlay(ApiModel):
         description="Pod affinity (core API form). The operator's GPU-memory node requirement is added to every "
         "required node selector term.",
     )
-    node_selector: dict[LabelKey, Annotated[str, Field(max_length=63)]] | None = Field(
+    node_selector: dict[LabelKey, LabelValue] | None = Field(
         default=None,
         description="Extra node labels the pods must match (spec.resources.nodeSelector wins on a clash).",
     )
+    _node_selector_keys = field_validator("node_selector", mode="after")(check_node_selector)
     resources: dict[ResourceName, Quantity] | None = Field(
         default=None,
         description="Extra resources of the trainer container, requested and limited alike, e.g. `rdma/ib: 1`, "

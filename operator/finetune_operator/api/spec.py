@@ -20,8 +20,13 @@ from . import mount_paths
 from .base import (
     DNS_SUBDOMAIN_PATTERN,
     ENV_NAME_PATTERN,
+    LABEL_VALUE_PATTERN,
+    QUALIFIED_NAME_PATTERN,
+    QUANTITY_PATTERN,
     ApiModel,
+    LabelValue,
     Quantity,
+    check_node_selector,
     quantity_bytes,
 )
 from .pod_template import PodTemplateOverlay
@@ -63,6 +68,11 @@ PATTERN_HINTS: dict[str, str] = {
     OUTPUT_URI_PATTERN: "must be pvc://claim/path or an absolute path",
     ENV_NAME_PATTERN: "must be a C identifier (letters, digits, _; not starting with a digit)",
     DNS_SUBDOMAIN_PATTERN: "must be a lowercase DNS name (a-z, 0-9, '-', '.')",
+    QUALIFIED_NAME_PATTERN: "must be a label key: an optional DNS prefix and '/', then letters, digits and -_. "
+    "(starting and ending with a letter or digit)",
+    LABEL_VALUE_PATTERN: "must be a label value: empty, or letters, digits and -_. starting and ending with a letter "
+    "or digit",
+    QUANTITY_PATTERN: "must be a Kubernetes quantity such as 80Gi, 512Mi or 8 (at most 18 digits)",
 }
 """Readable explanations of the regular expressions users are most likely to trip on."""
 
@@ -466,9 +476,10 @@ class ResourcesSpec(RuledModel):
         description="Host memory request and limit of each pod. Unset: the pod requests the plan's host memory "
         "(status.plan.hostBytesPerNode) and has no limit.",
     )
-    node_selector: dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]] | None = Field(
+    node_selector: dict[Annotated[str, Field(max_length=317)], LabelValue] | None = Field(
         default=None, description="Node labels the pods must match."
     )
+    _node_selector_keys = field_validator("node_selector", mode="after")(check_node_selector)
     tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = Field(
         default=None, description="Taints the pods tolerate."
     )

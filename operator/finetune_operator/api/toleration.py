@@ -6,14 +6,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from .base import ApiModel
+from .base import QUALIFIED_NAME_PATTERN, ApiModel, LabelValue
 
 
 class Toleration(ApiModel):
     """A pod toleration, as in the core API."""
 
-    key: Annotated[str, Field(max_length=253)] | None = None
+    key: Annotated[str, Field(max_length=317, pattern=QUALIFIED_NAME_PATTERN)] | None = None
     operator: Literal["Exists", "Equal"] | None = None
-    value: Annotated[str, Field(max_length=63)] | None = None
+    value: LabelValue | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = None

@@ -104,7 +104,9 @@ def _int(config: dict[str, Any], key: str, default: int | None = None) -> int:
     value = config.get(key, default)
     if value is None:
         raise UnknownArchitectureError(f"config.json has no {key!r}, which the planner needs to count parameters")
-    return int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**40:
+        raise UnknownArchitectureError(f"config.json {key!r} is {value!r}: the planner needs a positive whole number")
+    return value
 
 
 def _dims(config: dict[str, Any]) -> tuple[int, int, int, int, int, int, int]:

@@ -16,7 +16,7 @@ from typing import TypeVar
 from ..api.base import quantity_bytes
 from ..api.lora_rules import UnsupportedSetting, resolve_lora_dropout
 from ..api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec
-from .errors import UnsupportedSettingError
+from .errors import InvalidModelError, PlanningError, UnsupportedSettingError
 from .model_source import ModelSource, resolve_model
 from .param_count import ArchitectureShape, ParameterCounts, architecture_shape, count_parameters
 
@@ -162,7 +162,12 @@ def workload_from_spec(spec: FineTuneJobSpec, local_files: bool = True) -> Workl
     """Resolve the model, count its parameters under the job's method and collect the rest
     (`local_files=False`: never read an absolute model path, see `resolve_model`)."""
     source = resolve_model(spec.model, local_files)
-    shape = architecture_shape(source.config)
+    try:
+        shape = architecture_shape(source.config)
+    except PlanningError:
+        raise
+    except (ValueError, TypeError, KeyError, ArithmeticError) as exc:  # a config.json of odd values
+        raise InvalidModelError(f"{source.origin}: cannot read the model's architecture: {exc}") from None
     method = str(spec.method.type)
     lora = spec.method.lora_or_default
     counts = count_parameters(shape, None if method == "full" else lora.r, lora.target_modules)
