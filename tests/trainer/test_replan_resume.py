@@ -178,6 +178,16 @@ CHAINS: dict[str, tuple[str, list[Strategy]]] = {
             Strategy(3, nodes=2, offload_optimizer="cpu"),
         ],
     ),
+    # full fine-tuning up the offload rungs at ZeRO-3: the same shards, read by DeepSpeed's own loader
+    "full-offload": (
+        "full",
+        [
+            Strategy(3),
+            Strategy(3, offload_optimizer="cpu"),
+            Strategy(3, offload_optimizer="cpu", offload_params="cpu"),
+            Strategy(3, offload_optimizer="cpu", offload_params="cpu", micro=1, checkpointing=True),
+        ],
+    ),
 }
 
 
