@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import shutil
 import time
 from argparse import Namespace
@@ -111,12 +112,13 @@ def convert(checkpoint: Path) -> Path:
     try:
         with redirect_stdout(chatter):
             ds_to_universal.main(args)
-    except BaseException as exc:
+    except Exception as exc:  # a signal leaves the .tmp- folder to the next start's cleanup
         shutil.rmtree(tmp, ignore_errors=True)
         tail = " | ".join(chatter.getvalue().strip().splitlines()[-3:])
         raise ConversionError(f"{type(exc).__name__}: {exc} (ds_to_universal: {tail})") from exc
     finally:
         (checkpoint.parent / "latest_universal").unlink(missing_ok=True)  # written beside the output
+    os.sync()  # the files are on disk before the name says the folder is complete
     tmp.rename(target)
     log.info("converted %s in %.1f s", checkpoint.name, time.monotonic() - began)
     return target
@@ -130,6 +132,8 @@ def ensure(checkpoint: Path, dist: Collective) -> Path:
             convert(checkpoint)
         except ConversionError as exc:
             error = str(exc)
+        except Exception as exc:  # never leave the other ranks waiting on a rank that is gone
+            error = f"{type(exc).__name__}: {exc}"
     if dist.sum([1.0 if error else 0.0])[0]:
         raise ConversionError(
             f"could not convert checkpoint {checkpoint} to a universal checkpoint for the new strategy: "
