@@ -30,7 +30,7 @@ from typing import Any
 
 from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState, TrainingStrategy
 
-from .universal import universal_path
+from . import universal
 
 STATE_FILE = "trainer_state.json"
 TMP_PREFIX = ".tmp-"
@@ -84,7 +84,7 @@ def remove_partial(root: Path) -> list[str]:
 def prune(root: Path, keep: int) -> None:
     for old in complete_checkpoints(root)[:-keep]:
         shutil.rmtree(old.path, ignore_errors=True)
-        shutil.rmtree(universal_path(old.path), ignore_errors=True)
+        shutil.rmtree(universal.universal_path(old.path), ignore_errors=True)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -153,8 +153,6 @@ FORMAT_DEEPSPEED = CheckpointFormat.DEEPSPEED
 def check_deepspeed_resume(found: Found, strategy: TrainingStrategy) -> bool:
     """Whether DeepSpeed shards written under another ZeRO stage or world size must be converted
     (full fine-tuning); a `ConfigError` naming the field where they cannot be (see `universal`)."""
-    from . import universal
-
     saved = found.state.strategy
     if saved is None:
         return False  # written before strategies were recorded: let DeepSpeed try
@@ -207,7 +205,7 @@ def save(
         _fsync_dir(tmp)
         if final.exists():  # a re-save of the same step after a resume
             shutil.rmtree(final)
-        shutil.rmtree(universal_path(final), ignore_errors=True)  # converted from what is replaced
+        shutil.rmtree(universal.universal_path(final), ignore_errors=True)  # converted from what is replaced
         tmp.rename(final)
         _fsync_dir(root)
     barrier()
@@ -219,7 +217,7 @@ def load(engine: Any, found: Found, dist: Any, strategy: TrainingStrategy) -> bo
     returns whether DeepSpeed shards were converted for it. `dist`: `rank` and `sum` (collective)."""
     import torch
 
-    from . import portable, universal
+    from . import portable
 
     converted = False
     if found.state.checkpoint_format == FORMAT_TRAINABLE:
