@@ -173,13 +173,20 @@ def test_mutable_fields_can_change(crd: dict[str, Any], kube: Kube, namespace: s
     )
 
 
-def test_full_fine_tuning_keeps_its_world_size(crd: dict[str, Any], kube: Kube, namespace: str) -> None:
-    """A LoRA job's checkpoint loads on any world size; full fine-tuning's DeepSpeed shards do not."""
+def test_full_fine_tuning_changes_its_world_size_where_the_checkpoint_converts(
+    crd: dict[str, Any], kube: Kube, namespace: str
+) -> None:
+    """Full fine-tuning's DeepSpeed shards are converted to a universal checkpoint for the new
+    world size; a pinned ZeRO-0 (or NVMe offload) cannot be, and the apiserver says so."""
     create(kube, namespace, job_document(method={"type": "full"}))
+    path = JOBS.format(ns=namespace) + "/job"
+    patched = kube.merge_patch(path, {"spec": {"resources": {"numNodes": 2}}})
+    assert patched["spec"]["resources"]["numNodes"] == 2
+    kube.merge_patch(path, {"spec": {"deepspeed": {"zeroStage": 0}}})
     with pytest.raises(KubeError) as info:
-        kube.merge_patch(JOBS.format(ns=namespace) + "/job", {"spec": {"resources": {"numNodes": 2}}})
+        kube.merge_patch(path, {"spec": {"resources": {"numNodes": 1}}})
     assert info.value.status == 422 and "spec.resources.numNodes" in str(info.value), str(info.value)
-    assert "full fine-tuning" in str(info.value)
+    assert "deepspeed.zeroStage 0" in str(info.value)
 
 
 def test_status_subresource_and_printer_columns(

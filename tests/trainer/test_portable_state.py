@@ -119,18 +119,24 @@ STRATEGY = {
 
 
 @pytest.mark.parametrize(
-    ("change", "refused"),
+    ("change", "converted", "refused"),
     [
-        ({"zeroStage": 3}, "zeroStage: 2 -> 3"),
-        ({"worldSize": 1, "gradientAccumulationSteps": 4}, "worldSize: 2 -> 1"),
-        ({"microBatchSize": 1, "gradientAccumulationSteps": 4}, None),  # same shards: DeepSpeed loads them
-        ({}, None),
+        ({"zeroStage": 3}, True, None),
+        ({"zeroStage": 1}, True, None),
+        ({"worldSize": 1, "gradientAccumulationSteps": 4}, True, None),
+        ({"zeroStage": 3, "offloadOptimizer": "cpu", "offloadParams": "cpu"}, True, None),
+        ({"microBatchSize": 1, "gradientAccumulationSteps": 4}, False, None),  # same shards: DeepSpeed loads them
+        ({"offloadOptimizer": "cpu"}, False, None),
+        ({}, False, None),
+        ({"zeroStage": 0}, None, "deepspeed.zeroStage: a ZeRO-0 checkpoint cannot be converted"),
+        ({"zeroStage": 3, "offloadOptimizer": "nvme"}, None, "deepspeed.offloadOptimizer/offloadParams"),
     ],
 )
-def test_full_fine_tuning_refuses_shards_of_another_zero_stage_or_world_size(
-    tmp_path: Path, change: dict[str, Any], refused: str | None
+def test_full_fine_tuning_converts_shards_of_another_zero_stage_or_world_size(
+    tmp_path: Path, change: dict[str, Any], converted: bool | None, refused: str | None
 ) -> None:
-    """Before, DeepSpeed's bare `assert len(self.ckpt_list) > 0` failed every gang restart."""
+    """Before, DeepSpeed's bare `assert len(self.ckpt_list) > 0` failed every gang restart; now the
+    shards are converted where the sharding changed, and the pairs that cannot be are refused by name."""
     from finetune_operator.api.pod_contract import CheckpointState, TrainingStrategy
     from finetune_trainer import checkpoint
     from finetune_trainer.settings import ConfigError
@@ -141,9 +147,44 @@ def test_full_fine_tuning_refuses_shards_of_another_zero_stage_or_world_size(
     found = checkpoint.Found(tmp_path / "step-00000003", 3, state)
     now = TrainingStrategy.from_wire({**STRATEGY, **change})
     if refused is None:
-        checkpoint.check_deepspeed_resume(found, now)
+        assert checkpoint.check_deepspeed_resume(found, now) is converted
         return
     with pytest.raises(ConfigError) as info:
         checkpoint.check_deepspeed_resume(found, now)
     message = str(info.value)
     assert refused in message and "written by ZeRO-2, micro-batch 2 x accumulation 2 x world 2" in message
+
+
+def test_zero_0_keeps_its_whole_checkpoint_on_another_world_size(tmp_path: Path) -> None:
+    """ZeRO-0 shards nothing: its checkpoint is whole, so DeepSpeed loads it on any world size."""
+    from finetune_operator.api.pod_contract import CheckpointState, TrainingStrategy
+    from finetune_trainer import checkpoint
+
+    saved = {**STRATEGY, "zeroStage": 0}
+    state = CheckpointState.from_file(json.dumps({"globalStep": 3, "strategy": saved, "checkpointFormat": "deepspeed"}))
+    found = checkpoint.Found(tmp_path / "step-00000003", 3, state)
+    now = TrainingStrategy.from_wire({**saved, "worldSize": 1, "gradientAccumulationSteps": 4})
+    assert checkpoint.check_deepspeed_resume(found, now) is False
+
+
+def test_a_failed_conversion_names_the_checkpoint_and_leaves_it_alone(tmp_path: Path) -> None:
+    """Shards that `ds_to_universal` cannot read: a `TrainingError` naming the checkpoint on every
+    rank, no half-written universal folder, and the checkpoint's files untouched."""
+    from finetune_trainer import universal
+
+    source = tmp_path / "checkpoints" / "step-00000003"
+    source.mkdir(parents=True)
+    (source / "mp_rank_00_model_states.pt").write_bytes(b"not a checkpoint")
+    (source / "trainer_state.json").write_text("{}")
+    before = {p.name: p.read_bytes() for p in source.iterdir()}
+
+    with pytest.raises(universal.ConversionError) as info:
+        universal.ensure(source, SimpleNamespace(rank=0, sum=lambda values: values))
+    message = str(info.value)
+    assert f"could not convert checkpoint {source}" in message and "optim_states" in message, message
+    assert "the checkpoint itself is unchanged" in message
+    assert sorted(p.name for p in source.parent.iterdir()) == ["step-00000003"]  # no .tmp-, no _universal
+    assert {p.name: p.read_bytes() for p in source.iterdir()} == before
+
+    with pytest.raises(universal.ConversionError, match="see rank 0"):  # another rank learns of it too
+        universal.ensure(source, SimpleNamespace(rank=1, sum=lambda values: [1.0]))

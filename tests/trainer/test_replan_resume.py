@@ -1,4 +1,6 @@
-"""A re-plan keeps the work: a LoRA/QLoRA run resumes under every strategy the re-plan ladder can produce.
+"""A re-plan keeps the work: a LoRA/QLoRA run resumes under every strategy the re-plan ladder can produce,
+and a full fine-tuning run across ZeRO 2 <-> 3 and world size 2 <-> 1 (its DeepSpeed shards
+converted to a universal checkpoint).
 
 Each test is a chain of runs over one output folder. Run k trains under strategy k, saves
 a checkpoint every 3 steps and SIGKILLs all its ranks two steps after its last one (as an
@@ -15,6 +17,8 @@ a local copy, padding widths of other micro-batches, a different count of ranks 
 all-reduce). Those are a few ulps of fp32 (~1e-7 relative) per operation through two
 64-wide layers, so 1e-5 relative is loose enough for rounding and far below what a wrong
 weight, a zeroed moment or a restarted LR warmup produce (1e-3 and more on this model).
+The same bound holds for full fine-tuning: the universal checkpoint copies the fp32 masters
+and Adam moments bit for bit, so only the reduction order differs there too.
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ METHODS = {
     "lora": ({"type": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}}, "fp32"),
     # QLoRA needs a 16-bit job; on CPU the trainer computes in fp32 over the 4-bit base
     "qlora": ({"type": "qlora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "qlora": {"quantType": "nf4"}}, "bf16"),
+    # every weight trains: DeepSpeed's shards, converted to a universal checkpoint where the sharding changed
+    "full": ({"type": "full"}, "fp32"),
 }
 
 
@@ -119,6 +125,8 @@ def run_chain(
             resumed_at = CHECKPOINT_EVERY * k
             before = chain[k - 1]
             assert f"resumed from step {resumed_at} written by {before.label()}" in log, log[-4000:]
+            if method == "full" and (before.zero, before.nodes) != (strategy.zero, strategy.nodes):
+                assert "DeepSpeed shards converted to the universal checkpoint" in log, log[-4000:]
             compared = [resumed_at + 1, resumed_at + 2] if _same_micro_batches(before, strategy) else [resumed_at + 1]
             for step in compared:
                 difference = abs(losses[step] - previous[step])
@@ -159,6 +167,27 @@ CHAINS: dict[str, tuple[str, list[Strategy]]] = {
     ),
     # the 4-bit frozen base is reloaded; only the adapter state moves from ZeRO-2 to ZeRO-3
     "qlora": ("qlora", [Strategy(2), Strategy(3, offload_optimizer="cpu")]),
+    # full fine-tuning: ZeRO 2 -> 3 -> 2, world 2 -> 1, then world 1 -> 2 with ZeRO 2 -> 3 and optimizer offload
+    "full": (
+        "full",
+        [
+            Strategy(2),
+            Strategy(3),
+            Strategy(2),
+            Strategy(2, nodes=1),
+            Strategy(3, nodes=2, offload_optimizer="cpu"),
+        ],
+    ),
+    # full fine-tuning up the offload rungs at ZeRO-3: the same shards, read by DeepSpeed's own loader
+    "full-offload": (
+        "full",
+        [
+            Strategy(3),
+            Strategy(3, offload_optimizer="cpu"),
+            Strategy(3, offload_optimizer="cpu", offload_params="cpu"),
+            Strategy(3, offload_optimizer="cpu", offload_params="cpu", micro=1, checkpointing=True),
+        ],
+    ),
 }
 
 
@@ -172,25 +201,50 @@ def test_resume_under_each_replanned_strategy_continues_the_run(
     assert len(measured) >= len(strategies) - 1
 
 
-@pytest.mark.timeout(600)
-def test_full_fine_tuning_refuses_another_zero_stage_with_a_config_error(
+def _digests(folder: Path) -> dict[str, str]:
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.mark.timeout(900)
+def test_full_fine_tuning_converts_a_checkpoint_once(
     tmp_path: Path, tiny_model_dir: Path, reverse_jsonl: Path, launch: Callable[..., Run]
 ) -> None:
-    """Full fine-tuning keeps DeepSpeed's shards: a ZeRO-2 checkpoint read at ZeRO-3 failed every
-    gang restart on DeepSpeed's bare assertion; now the first restart fails for good, saying why."""
+    """ZeRO-2 shards read at ZeRO-3 failed every gang restart on DeepSpeed's bare assertion. Now
+    the first ZeRO-3 start converts them into `step-N_universal` (and is killed right after);
+    the second reuses that folder instead of converting again; the shards themselves are
+    never written; and pruning the checkpoint takes its universal copy with it."""
     out = tmp_path / "out"
-    steps = CHECKPOINT_EVERY + 2
+    steps = 2 * CHECKPOINT_EVERY + 2
+    first_step = CHECKPOINT_EVERY + 1
+    checkpoint_dir = out / "checkpoints" / f"step-{CHECKPOINT_EVERY:08d}"
+    converted = checkpoint_dir.with_name(checkpoint_dir.name + "_universal")
 
-    def manifest(zero: int) -> dict[str, Any]:
-        doc = _manifest(tiny_model_dir, reverse_jsonl, Strategy(zero), steps + 3, "lora")
-        doc["spec"]["method"] = {"type": "full"}
-        return doc
+    def config(name: str, zero: int) -> Path:
+        return render_config(tmp_path / name, _manifest(tiny_model_dir, reverse_jsonl, Strategy(zero), steps, "full"))
 
-    first = launch(
-        render_config(tmp_path / "config-2", manifest(2)), out, tag="zero2", env={"FTJOB_FAULT_KILL": f"step:{steps}"}
-    )
-    assert first.wait(300) != 0 and (out / "checkpoints" / f"step-{CHECKPOINT_EVERY:08d}").is_dir(), first.log()[-3000:]
-    second = launch(render_config(tmp_path / "config-3", manifest(3)), out, tag="zero3")
-    assert second.wait(300) != 0, second.log()[-3000:]
-    line = second.termination()
-    assert line.startswith("ConfigError: checkpoint ") and "zeroStage: 2 -> 3" in line, line
+    zero2 = launch(config("config-2", 2), out, tag="zero2", env={"FTJOB_FAULT_KILL": f"step:{CHECKPOINT_EVERY + 2}"})
+    assert zero2.wait(300) != 0 and checkpoint_dir.is_dir(), zero2.log()[-3000:]
+    shards = _digests(checkpoint_dir)
+    interrupted = zero2.losses()[first_step]
+
+    zero3 = config("config-3", 3)
+    converting = launch(zero3, out, tag="convert", env={"FTJOB_FAULT_KILL": f"step:{first_step}"})
+    assert converting.wait(300) != 0, converting.log()[-3000:]
+    log = converting.log()
+    assert f"converting checkpoint {checkpoint_dir} to a universal checkpoint" in log, log[-3000:]
+    assert (converted / "zero").is_dir() and not list(out.glob("checkpoints/.tmp-*")), sorted(out.rglob("*"))
+    assert _digests(checkpoint_dir) == shards
+    after_conversion = converting.losses()[first_step]
+
+    reusing = launch(zero3, out, tag="reuse")
+    assert reusing.wait(300) == 0, reusing.log()[-3000:]
+    log = reusing.log()
+    assert f"reusing {converted.name}" in log and "converting checkpoint" not in log, log[-3000:]
+    assert "DeepSpeed shards converted to the universal checkpoint" in log, log[-3000:]
+    resumed = reusing.losses()[first_step]
+    print(f"step {first_step}: ZeRO-2 {interrupted!r}, converted {after_conversion!r}, reused {resumed!r}")
+    assert after_conversion == pytest.approx(interrupted, rel=TOLERANCE, abs=TOLERANCE)
+    assert resumed == pytest.approx(interrupted, rel=TOLERANCE, abs=TOLERANCE)
+    assert not checkpoint_dir.exists() and not converted.exists()  # pruned with the checkpoint after step 6

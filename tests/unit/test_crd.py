@@ -128,23 +128,30 @@ def _transition_allows(field_path: str, old: dict[str, Any], new: dict[str, Any]
 
 
 @pytest.mark.parametrize(
-    ("method", "old_nodes", "new_nodes", "allowed"),
+    ("method", "old_nodes", "new_nodes", "deepspeed", "allowed"),
     [
-        ("lora", 2, 1, True),  # an adapter's checkpoint loads on any world size: the gang rolls and resumes
-        ("qlora", None, 4, True),
-        ("lora", 2, 2, True),
-        ("full", 2, 1, False),  # DeepSpeed shards are tied to the world size
-        ("full", None, 1, True),  # the default is 1: no change
-        ("full", None, 2, False),
+        ("lora", 2, 1, None, True),  # an adapter's checkpoint loads on any world size: the gang rolls and resumes
+        ("qlora", None, 4, None, True),
+        ("lora", 2, 2, None, True),
+        ("lora", 2, 1, {"zeroStage": 0}, True),
+        ("full", 2, 1, None, True),  # DeepSpeed shards are converted to a universal checkpoint
+        ("full", None, 2, {"zeroStage": 3, "offloadOptimizer": "cpu"}, True),
+        ("full", 2, 1, {"zeroStage": "auto"}, True),
+        ("full", 2, 1, {"zeroStage": 0}, False),  # ZeRO-0 keeps its optimizer state where no converter reads it
+        ("full", 2, 4, {"zeroStage": 3, "offloadOptimizer": "nvme", "nvmePath": "/nvme"}, False),
+        ("full", 2, 4, {"zeroStage": 3, "offloadParams": "nvme", "nvmePath": "/nvme"}, False),
+        ("full", None, 1, {"zeroStage": 0}, True),  # the default is 1: no change
     ],
 )
-def test_num_nodes_is_mutable_except_for_full_fine_tuning(
-    method: str, old_nodes: int | None, new_nodes: int, allowed: bool
+def test_num_nodes_is_mutable_where_the_checkpoint_converts(
+    method: str, old_nodes: int | None, new_nodes: int, deepspeed: dict[str, Any] | None, allowed: bool
 ) -> None:
     def spec(nodes: int | None) -> dict[str, Any]:
         doc = job_document(method={"type": method})["spec"]
         if nodes is not None:
             doc["resources"] = {"numNodes": nodes}
+        if deepspeed is not None:
+            doc["deepspeed"] = deepspeed
         return dict(doc)
 
     assert _transition_allows(".resources.numNodes", spec(old_nodes), spec(new_nodes)) is allowed

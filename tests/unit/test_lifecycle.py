@@ -229,6 +229,16 @@ def test_out_of_memory_replans_to_a_more_frugal_strategy(term: dict[str, Any], o
         assert "OutOfMemoryReplanned" in reasons(decision)
 
 
+def test_full_fine_tuning_replans_and_converts_its_checkpoint() -> None:
+    """Full fine-tuning's shards are converted to a universal checkpoint where the stage changed;
+    the re-plan's message says so instead of promising a resume only at the same stage."""
+    job, _ = step(job_with(method={"type": "full"}, deepspeed={"zeroStage": "auto"}), [])
+    decision = run(job, [pod(0, state={"terminated": exited(137, "", "OOMKilled")}), pod(1)])
+    plan = decision.status.plan
+    assert plan is not None and plan.replans == 1 and plan.replan_reason is not None, decision.status
+    assert "converted to a universal checkpoint where the ZeRO stage or world size changed" in plan.replan_reason
+
+
 def test_oom_with_nothing_more_frugal_fails() -> None:
     job, _ = step(job_with(deepspeed={"zeroStage": 3}), [])
     decision = run(job, [pod(0, state={"terminated": exited(137, "", "OOMKilled")}), pod(1)])

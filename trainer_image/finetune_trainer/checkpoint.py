@@ -11,9 +11,10 @@ Two formats, named in `trainer_state.json` (`checkpointFormat`) beside the strat
 wrote it (`strategy`: ZeRO stage, offload, micro-batch, accumulation, world size):
 - `trainable` (LoRA, QLoRA): the consolidated trainable state of `portable`; any ZeRO
   stage, offload, micro-batch or world size loads it, and the frozen base is not saved.
-- `deepspeed` (full fine-tuning): DeepSpeed's own shards, which only the same ZeRO stage
-  and world size can read; another strategy is refused with a `ConfigError` naming what
-  changed, instead of DeepSpeed's bare assertion on every restart.
+- `deepspeed` (full fine-tuning): DeepSpeed's own shards. Under another ZeRO stage or world
+  size they are converted once to a universal checkpoint cached beside them
+  (`step-N_universal`, see `universal`); the few pairs that cannot be converted are refused
+  with a `ConfigError` naming the field, instead of DeepSpeed's bare assertion on every restart.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState, TrainingStrategy
+
+from . import universal
 
 STATE_FILE = "trainer_state.json"
 TMP_PREFIX = ".tmp-"
@@ -81,6 +84,7 @@ def remove_partial(root: Path) -> list[str]:
 def prune(root: Path, keep: int) -> None:
     for old in complete_checkpoints(root)[:-keep]:
         shutil.rmtree(old.path, ignore_errors=True)
+        shutil.rmtree(universal.universal_path(old.path), ignore_errors=True)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -144,25 +148,16 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 FORMAT_TRAINABLE = CheckpointFormat.TRAINABLE
 FORMAT_DEEPSPEED = CheckpointFormat.DEEPSPEED
-_SHARDING = ("zeroStage", "worldSize")
-"""Strategy fields DeepSpeed's own shards depend on (offload and micro-batching do not)."""
 
 
-def check_deepspeed_resume(found: Found, strategy: TrainingStrategy) -> None:
-    """Refuse DeepSpeed shards written under another ZeRO stage or world size (full fine-tuning)."""
-    from .settings import ConfigError
-
+def check_deepspeed_resume(found: Found, strategy: TrainingStrategy) -> bool:
+    """Whether DeepSpeed shards written under another ZeRO stage or world size must be converted
+    (full fine-tuning); a `ConfigError` naming the field where they cannot be (see `universal`)."""
     saved = found.state.strategy
     if saved is None:
-        return  # written before strategies were recorded: let DeepSpeed try
-    changed = [c for c in saved.changes(strategy) if c.split(":")[0] in _SHARDING]
-    if changed:
-        raise ConfigError(
-            f"checkpoint {found.path} was written by {saved.describe()}, this run is {strategy.describe()}; "
-            f"full fine-tuning checkpoints are DeepSpeed shards that cannot be resharded here "
-            f"({'; '.join(changed)}). Pin deepspeed.zeroStage and resources.numNodes to the old values, "
-            "or delete the checkpoints to start over"
-        )
+        return False  # written before strategies were recorded: let DeepSpeed try
+    universal.check(found.path, saved, strategy)
+    return universal.needs_conversion(saved, strategy)
 
 
 def save(
@@ -210,26 +205,32 @@ def save(
         _fsync_dir(tmp)
         if final.exists():  # a re-save of the same step after a resume
             shutil.rmtree(final)
+        shutil.rmtree(universal.universal_path(final), ignore_errors=True)  # converted from what is replaced
         tmp.rename(final)
         _fsync_dir(root)
     barrier()
     return final
 
 
-def load(engine: Any, found: Found, rank: int, strategy: TrainingStrategy) -> None:
-    """Restore engine (weights, optimizer, scheduler) and this rank's RNG under `strategy`."""
+def load(engine: Any, found: Found, dist: Any, strategy: TrainingStrategy) -> bool:
+    """Restore engine (weights, optimizer, scheduler) and this rank's RNG under `strategy`;
+    returns whether DeepSpeed shards were converted for it. `dist`: `rank` and `sum` (collective)."""
     import torch
 
     from . import portable
 
+    converted = False
     if found.state.checkpoint_format == FORMAT_TRAINABLE:
         portable.load(engine, found.path)
+    elif check_deepspeed_resume(found, strategy):
+        universal.load(engine, universal.ensure(found.path, dist))
+        converted = True
     else:
-        check_deepspeed_resume(found, strategy)
         path, tag = found.path.parent, found.path.name
         loaded, _ = engine.load_checkpoint(str(path), tag=tag, load_module_strict=False)
         if loaded is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {found.path}")
-    rng_file = found.path / f"rng_state_rank{rank}.pt"
+    rng_file = found.path / f"rng_state_rank{dist.rank}.pt"
     if rng_file.exists():
         restore_rng(torch.load(rng_file, weights_only=False))
+    return converted

@@ -20,7 +20,7 @@ from typing import Any
 from finetune_operator.api.pod_contract import CheckpointState, TrainingStrategy, TrainingSummary
 from finetune_operator.api.spec import DatasetFormat, MalformedLinePolicy, MethodType
 
-from . import builtin, checkpoint, evaluation, export, modeling
+from . import builtin, checkpoint, evaluation, export, modeling, universal
 from .data.batching import EpochSampler, Row, collate, pack, unpacked
 from .data.formats import prompt_and_answer
 from .data.loading import DataError, load_samples
@@ -298,12 +298,12 @@ class Trainer:
         if found is None:
             return CheckpointState(global_step=0)
         self._check_global_batch(found)
-        checkpoint.load(self.engine, found, rank, self.strategy)
+        converted = checkpoint.load(self.engine, found, self.dist, self.strategy)
         self.engine.global_steps = found.state.global_step
         self.engine.global_samples = self.engine.global_steps * self.sampler.per_step
         if rank == 0:
             log.info("resumed from %s (step %d, %s)", found.path, found.step, found.state.data_position)
-            self._log_replan(found)
+            self._log_replan(found, converted)
         return found.state
 
     def _micro_batches(self, step: int) -> _StepTotals:
@@ -426,18 +426,25 @@ class Trainer:
             "Choose training.globalBatchSize divisible by numNodes x gpusPerNode x microBatchSize"
         )
 
-    def _log_replan(self, found: checkpoint.Found) -> None:
+    def _log_replan(self, found: checkpoint.Found, converted: bool) -> None:
         saved, now = found.state.strategy, self.strategy
         if saved is not None and saved.changes(now):
+            if found.state.checkpoint_format == checkpoint.FORMAT_TRAINABLE:
+                how = "the trainable state was re-partitioned for the new strategy"
+            elif converted:
+                how = (
+                    f"DeepSpeed shards converted to the universal checkpoint "
+                    f"{universal.universal_path(found.path).name} and re-partitioned for the new strategy"
+                )
+            else:
+                how = "same sharding, DeepSpeed shards loaded as they are"
             log.warning(
                 "resumed from step %d written by %s; now %s (%s): %s",
                 found.step,
                 saved.describe(),
                 now.describe(),
                 "; ".join(saved.changes(now)),
-                "the trainable state was re-partitioned for the new strategy"
-                if found.state.checkpoint_format == checkpoint.FORMAT_TRAINABLE
-                else "same sharding, DeepSpeed shards loaded as they are",
+                how,
             )
 
     def _checkpoint(self, state: CheckpointState) -> None:

@@ -16,6 +16,7 @@ accessors, which work at ZeRO 1–3 with or without offload (stage 0 holds plain
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,35 +148,59 @@ def _set_module_weight(param: Any, value: Any) -> None:
             param.data.copy_(value.to(param.device, param.dtype))
 
 
-def load(engine: Any, folder: Path) -> dict[str, Any]:
-    """Collective: write the saved trainable state into this engine, whatever its strategy."""
-    import torch
+Lookup = Callable[[str], tuple[Any, dict[str, Any]]]
+"""A parameter's name -> (its full fp32 value, its Adam moments by key), on the CPU."""
+
+
+def restore(engine: Any, names: list[str], lookup: Lookup, optimizer_step: int, scheduler: Any) -> None:
+    """Collective: write full values and moments, one parameter at a time, into this engine's
+    partitions and offload buffers, whatever its strategy; then the step count and LR schedule.
+    `names` are the trainable parameters the saved state holds (checked against the engine's)."""
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
-    state: dict[str, Any] = torch.load(folder / TRAINABLE_FILE, map_location="cpu", weights_only=True)
     trainable = _trainable(engine)
-    names = [name for name, _ in trainable]
-    missing = sorted(set(names) - set(state["params"]))
-    extra = sorted(set(state["params"]) - set(names))
+    mine = [name for name, _ in trainable]
+    missing = sorted(set(mine) - set(names))
+    extra = sorted(set(names) - set(mine))
     if missing or extra:
         raise PortableStateError(
-            f"{folder}: trainable parameters differ from this model's (missing {missing[:3]}, unexpected {extra[:3]}); "
+            f"trainable parameters differ from this model's (missing {missing[:3]}, unexpected {extra[:3]}); "
             "was the LoRA rank, targets or model changed?"
         )
-    _ensure_optimizer_state(engine, int(state["optimizer_step"]))
+    _ensure_optimizer_state(engine, optimizer_step)
     basic = _basic_optimizer(engine)
     for name, param in trainable:
-        value = state["params"][name]
+        value, moments = lookup(name)
+        value = value.reshape(_full_shape(param))
         _set_module_weight(param, value)
         safe_set_full_fp32_param(param, value.to(param.device))
         for key in MOMENTS:
-            moment = state["moments"][key][name]
+            moment = moments[key].reshape(value.shape)
             if hasattr(param, "_hp_mapping") or _is_zero3(param):
                 safe_set_full_optimizer_state(param, moment.to(param.device), key)
             else:
                 basic.state[param][key].copy_(moment.to(param.device))
-    if engine.lr_scheduler is not None and state["scheduler"] is not None:
-        engine.lr_scheduler.load_state_dict(state["scheduler"])
+    if engine.lr_scheduler is not None and scheduler is not None:
+        engine.lr_scheduler.load_state_dict(scheduler)
         for group, lr in zip(basic.param_groups, engine.lr_scheduler.get_last_lr(), strict=True):
             group["lr"] = lr
+
+
+def _full_shape(param: Any) -> Any:
+    return param.ds_shape if _is_zero3(param) else param.shape
+
+
+def load(engine: Any, folder: Path) -> dict[str, Any]:
+    """Collective: write the saved trainable state into this engine, whatever its strategy."""
+    import torch
+
+    state: dict[str, Any] = torch.load(folder / TRAINABLE_FILE, map_location="cpu", weights_only=True)
+
+    def lookup(name: str) -> tuple[Any, dict[str, Any]]:
+        return state["params"][name], {key: state["moments"][key][name] for key in MOMENTS}
+
+    try:
+        restore(engine, list(state["params"]), lookup, int(state["optimizer_step"]), state["scheduler"])
+    except PortableStateError as exc:
+        raise PortableStateError(f"{folder}: {exc}") from exc
     return state

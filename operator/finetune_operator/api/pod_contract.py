@@ -161,7 +161,8 @@ class CheckpointFormat(StrEnum):
     TRAINABLE = "trainable"
     """The consolidated trainable state (LoRA, QLoRA): any strategy loads it."""
     DEEPSPEED = "deepspeed"
-    """DeepSpeed's own shards (full fine-tuning): only the same ZeRO stage and world size read them."""
+    """DeepSpeed's own shards (full fine-tuning): read as they are under the same ZeRO stage and world
+    size, converted once to a universal checkpoint (`step-N_universal`) under another one."""
 
 
 class CheckpointState(ApiModel):

@@ -739,6 +739,13 @@ def _same_defaulted(parent: str, field: str, default: int) -> str:
     return f"{value('self')} == {value('oldSelf')}"
 
 
+_FULL_UNCONVERTIBLE = (
+    "has(self.deepspeed) && ((has(self.deepspeed.zeroStage) && string(self.deepspeed.zeroStage) == '0') "
+    "|| (has(self.deepspeed.offloadOptimizer) && self.deepspeed.offloadOptimizer == 'nvme') "
+    "|| (has(self.deepspeed.offloadParams) && self.deepspeed.offloadParams == 'nvme'))"
+)
+"""A full fine-tuning strategy whose checkpoint cannot be converted to another world size."""
+
 IMMUTABLE_SPEC_RULES: tuple[CrossFieldRule, ...] = (
     *(
         CrossFieldRule(
@@ -759,13 +766,17 @@ IMMUTABLE_SPEC_RULES: tuple[CrossFieldRule, ...] = (
         transition=True,
     ),
     CrossFieldRule(
-        # LoRA/QLoRA checkpoints are strategy-independent (any world size loads them); a change
-        # rolls the gang, which resumes on the new world size
+        # LoRA/QLoRA checkpoints are strategy-independent (any world size loads them); full fine-tuning's
+        # DeepSpeed shards are converted to a universal checkpoint for the new world size, except under a
+        # pinned ZeRO-0 or NVMe offload (see finetune_trainer.universal). A change rolls the gang.
         cel="!(has(self.method) && has(self.method.type) && self.method.type == 'full') || ("
         + _same_defaulted("resources", "numNodes", 1)
+        + ") || !("
+        + _FULL_UNCONVERTIBLE
         + ")",
-        message="spec.resources.numNodes is immutable for full fine-tuning: its checkpoints are DeepSpeed "
-        "shards tied to the world size (LoRA and QLoRA jobs may change it)",
+        message="spec.resources.numNodes cannot change for full fine-tuning with deepspeed.zeroStage 0 or NVMe "
+        "offload: those checkpoints cannot be converted to another world size (allowed: zeroStage 1, 2, 3 or "
+        "auto, offload none, cpu or auto; LoRA and QLoRA jobs may always change it)",
         field_path=".resources.numNodes",
         check=lambda _s: True,
         transition=True,

@@ -23,7 +23,10 @@ def _first_failure(pods: tuple[PodView, ...]) -> tuple[PodView, Termination] | N
 def _resume_note(ctx: Context) -> str:
     """What the new gang does with the checkpoint after a re-plan (the trainer logs the details)."""
     if ctx.job.spec.method.type == MethodType.FULL:
-        return "resuming from the last checkpoint only if its ZeRO stage and world size are unchanged"
+        return (
+            "the new gang resumes from the last checkpoint, converted to a universal checkpoint where the "
+            "ZeRO stage or world size changed"
+        )
     return "the new gang resumes from the last checkpoint, converted to the new strategy"
 
 
