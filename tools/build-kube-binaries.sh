@@ -9,7 +9,8 @@
 #   etcd/<etcd-version>/bin/etcd
 #   kwok/<kwok-version>/bin/kwok  and  kwok/<kwok-version>/stage/  (its Stage examples)
 #   helm/<helm-version>/bin/helm
-#   kueue/<kueue-version>/bin/kueue  and  kueue/<kueue-version>/crd/  (its CRD yamls)
+#   kueue/<kueue-version>/bin/kueue, kueue/<kueue-version>/crd/ (its CRD yamls) and
+#   kueue/<kueue-version>/webhook/manifests.yaml (its webhook configurations)
 # Environment: FTJOB_CACHE_DIR, FTJOB_BUILD_JOBS (default 2), and the usual GOCACHE /
 # GOMODCACHE / GOPROXY, which are reused between runs.
 set -euo pipefail
@@ -51,7 +52,7 @@ kueue_dir="$CACHE_DIR/kueue/$KUEUE_VERSION"
 all_cached() {
   have_all "$kube_dir/bin" $KUBE_BINS && have_all "$etcd_dir/bin" etcd \
     && have_all "$kwok_dir/bin" kwok && [[ -d "$kwok_dir/stage" ]] && have_all "$helm_dir/bin" helm \
-    && have_all "$kueue_dir/bin" kueue && [[ -d "$kueue_dir/crd" ]]
+    && have_all "$kueue_dir/bin" kueue && [[ -d "$kueue_dir/crd" && -f "$kueue_dir/webhook/manifests.yaml" ]]
 }
 if all_cached; then log "cache is warm: $CACHE_DIR (nothing to build)"; exit 0; fi
 
@@ -153,18 +154,19 @@ build_kueue() {
   # CRDs (config/components/crd/bases) come from the same module version, so they match.
   mkdir -p "$WORK/kueue/bin"
   timed "kueue $KUEUE_VERSION" env GOBIN="$WORK/kueue/bin" go install -p "$JOBS" -trimpath -ldflags '-s -w' "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
-  local src; src="$(go env GOMODCACHE)/sigs.k8s.io/kueue@$KUEUE_VERSION/config/components/crd/bases"
-  [[ -d "$src" ]] || die "kueue CRDs not found at $src"
-  mkdir -p "$kueue_dir"; rm -rf "$kueue_dir/bin" "$kueue_dir/crd"
+  local src; src="$(go env GOMODCACHE)/sigs.k8s.io/kueue@$KUEUE_VERSION/config/components"
+  [[ -d "$src/crd/bases" && -f "$src/webhook/manifests.yaml" ]] || die "kueue CRDs or webhooks not found under $src"
+  mkdir -p "$kueue_dir"; rm -rf "$kueue_dir/bin" "$kueue_dir/crd" "$kueue_dir/webhook"
   mv "$WORK/kueue/bin" "$kueue_dir/bin"
-  cp -r "$src" "$kueue_dir/crd"; chmod -R u+w "$kueue_dir/crd"
+  cp -r "$src/crd/bases" "$kueue_dir/crd"; mkdir -p "$kueue_dir/webhook"
+  cp "$src/webhook/manifests.yaml" "$kueue_dir/webhook/"; chmod -R u+w "$kueue_dir/crd" "$kueue_dir/webhook"
 }
 
 have_all "$etcd_dir/bin" etcd || build_etcd
 have_all "$kwok_dir/bin" kwok && [[ -d "$kwok_dir/stage" ]] || build_kwok
 have_all "$helm_dir/bin" helm || build_helm
 have_all "$kube_dir/bin" $KUBE_BINS || build_kube
-have_all "$kueue_dir/bin" kueue && [[ -d "$kueue_dir/crd" ]] || build_kueue
+have_all "$kueue_dir/bin" kueue && [[ -d "$kueue_dir/crd" && -f "$kueue_dir/webhook/manifests.yaml" ]] || build_kueue
 
 log "total build time: $((SECONDS - TOTAL_START))s"
 log "cache: $CACHE_DIR ($(du -sh "$CACHE_DIR" | cut -f1))"

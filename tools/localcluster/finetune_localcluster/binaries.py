@@ -41,6 +41,8 @@ class Binaries:
     kueue: Path
     kueue_crds: Path
     """Kueue's CRD yamls, from the same module version as the binary."""
+    kueue_webhooks: Path
+    """Kueue's webhook configurations (one yaml), from the same module version."""
 
     @property
     def kube_apiserver(self) -> Path:
@@ -72,7 +74,7 @@ class Binaries:
 
     def present(self) -> bool:
         files = all(os.access(p, os.X_OK) for p in self.all_files())
-        return files and self.kwok_stages.is_dir() and self.kueue_crds.is_dir()
+        return files and self.kwok_stages.is_dir() and self.kueue_crds.is_dir() and self.kueue_webhooks.is_file()
 
 
 def cached_binaries() -> Binaries:
@@ -85,6 +87,7 @@ def cached_binaries() -> Binaries:
         helm=root / "helm" / HELM_VERSION / "bin" / "helm",
         kueue=root / "kueue" / KUEUE_VERSION / "bin" / "kueue",
         kueue_crds=root / "kueue" / KUEUE_VERSION / "crd",
+        kueue_webhooks=root / "kueue" / KUEUE_VERSION / "webhook" / "manifests.yaml",
     )
 
 
