@@ -13,7 +13,14 @@ from finetune_operator.reconcile.observed import Observed, WorkloadView, observe
 from finetune_operator.reconcile.policies.queueing import finished_status, released_status
 from finetune_operator.render.manifests import render_all
 from finetune_operator.render.options import RenderOptions
-from finetune_operator.render.workload import QUEUE_LABEL, queue_of, workload
+from finetune_operator.render.workload import (
+    PRIORITY_LABEL,
+    QUEUE_LABEL,
+    priority_class_of,
+    queue_of,
+    with_priority,
+    workload,
+)
 from tests.unit.test_lifecycle import NOW, frugal, job_with, planner, pod, step, ts
 
 
@@ -173,3 +180,17 @@ def test_admitted_means_admitted_and_not_evicted() -> None:
     assert not workload_view(PENDING).admitted
     view: WorkloadView = workload_view(ADMITTED)
     assert view.flavors == ("a100", "default")
+
+
+def test_the_priority_class_label_becomes_the_workloads_priority() -> None:
+    job = job_with(queueName="team-a")
+    assert priority_class_of(job) is None
+    labelled = job.model_copy(
+        update={"metadata": job.metadata.model_copy(update={"labels": {PRIORITY_LABEL: "urgent"}})}
+    )
+    assert priority_class_of(labelled) == "urgent"
+    body = with_priority(workload(labelled, planner(labelled.spec), "team-a"), "urgent", 1000)
+    assert body["spec"]["priority"] == 1000
+    assert body["spec"]["priorityClassRef"] == {
+        "group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "urgent"
+    }  # fmt: skip

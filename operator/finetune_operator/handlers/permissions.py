@@ -56,6 +56,7 @@ KUEUE: tuple[Permission, ...] = (
 
 KUEUE_CLUSTER: tuple[Permission, ...] = (
     Permission("kueue.x-k8s.io", "resourceflavors", ("get",), "the admitted flavor's nodeLabels (cluster-scoped)"),
+    Permission("kueue.x-k8s.io", "workloadpriorityclasses", ("get",), "a job's priority, by its priority-class label"),
 )
 """Only with `kueue.enabled`: ResourceFlavors are cluster-scoped, so they get a ClusterRole of
 their own, even when the operator watches only some namespaces."""

@@ -233,6 +233,22 @@ class ClusterIO:
         labels = (body.get("spec") or {}).get("nodeLabels") or {}
         return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
 
+    def workload_priority(self, priority_class: str) -> int | None:
+        """A Kueue WorkloadPriorityClass's value; None if there is no such class."""
+        try:
+            response = self.custom.get_cluster_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, "workloadpriorityclasses", priority_class,
+                _preload_content=False, _request_timeout=TIMEOUT,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        body = json.loads(getattr(response, "data", b"{}") or b"{}")
+        _release(response)
+        value = body.get("value")
+        return value if isinstance(value, int) else None
+
     def delete_job(self, namespace: str, name: str) -> None:
         try:
             self.custom.delete_namespaced_custom_object(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from ..api import FineTuneJob, describe
@@ -28,6 +29,7 @@ from ..plan.scheduling_policy import SchedulingPolicy
 from ..plan.storage import check_shared_storage, written_claims
 from ..render.manifests import gang_hash, render_all
 from ..render.options import RenderOptions
+from ..render.workload import priority_class_of, with_priority
 from . import metrics
 from . import reasons as R
 from .cluster_io import ChildWriteError, ClusterIO, Conflict, status_patch
@@ -199,7 +201,7 @@ class Reconciler:
         now = timestamp(datetime.now(UTC))
         if decision.workload is not None and wl is None:
             try:
-                self.cluster.apply([decision.workload], job.metadata.uid or "")
+                self.cluster.apply([self._prioritised(decision.workload, job)], job.metadata.uid or "")
             except ChildWriteError as exc:
                 log.warning("job %s/%s: %s", namespace, job.name, exc)
                 return after_write_error(job, decision, exc, datetime.now(UTC))
@@ -209,6 +211,19 @@ class Reconciler:
             status = finished_status(wl, decision.finish_workload, now)
             self.cluster.workload_status(namespace, wl.name, wl.resource_version, status)
         return decision
+
+    def _prioritised(self, body: dict[str, Any], job: FineTuneJob) -> dict[str, Any]:
+        """The Workload with the value of the job's WorkloadPriorityClass (label `kueue.x-k8s.io/priority-class`)."""
+        priority_class = priority_class_of(job)
+        if priority_class is None:
+            return body
+        try:
+            value = self.cluster.workload_priority(priority_class)
+        except ApiException as exc:
+            raise ChildWriteError("WorkloadPriorityClass", priority_class, exc.status, str(exc.reason)) from exc
+        if value is None:
+            raise ChildWriteError("WorkloadPriorityClass", priority_class, 404, "not found: create it or fix the label")
+        return with_priority(body, priority_class, value)
 
     def _with_flavors(self, observed: Observed) -> Observed:
         """The admitted Workload with its flavors' nodeLabels (read from the ResourceFlavors, cached)."""

@@ -24,12 +24,24 @@ from .workers import statefulset
 WORKLOAD_API_VERSION = "kueue.x-k8s.io/v1beta2"
 POD_SET = "workers"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+"""On the FineTuneJob, as on any Kueue-managed job: the WorkloadPriorityClass of its Workload."""
 PLACEMENT_FIELDS = ("nodeSelector", "affinity", "tolerations", "priorityClassName")
 
 
 def queue_of(job: FineTuneJob, options: RenderOptions) -> str | None:
     """The LocalQueue the job waits in: its own, else the operator's default (None: not queued)."""
     return job.spec.queue_name or options.default_queue_name
+
+
+def priority_class_of(job: FineTuneJob) -> str | None:
+    return (job.metadata.labels or {}).get(PRIORITY_LABEL) or None
+
+
+def with_priority(body: dict[str, Any], priority_class: str, value: int) -> dict[str, Any]:
+    """The Workload with its WorkloadPriorityClass and that class's value (Kueue orders and preempts by it)."""
+    ref = {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": priority_class}
+    return {**body, "spec": {**body["spec"], "priorityClassRef": ref, "priority": value}}
 
 
 def workload(job: FineTuneJob, plan: PlanStatus, queue: str) -> dict[str, Any]:
