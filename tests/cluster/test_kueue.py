@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from finetune_localcluster import Kube, LocalCluster, wait_for
+from finetune_localcluster import Kube, KubeError, LocalCluster, wait_for
 from finetune_localcluster.devtools import OperatorProcess, install_crd
-from tests.cluster.operator_harness import Jobs, gpu_job
+from tests.cluster.operator_harness import JOBS, Jobs, gpu_job
+from tests.factories import job_document
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -61,7 +62,7 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     kube.delete(f"{KUEUE}/clusterqueues/{name}")
 
 
-def queue(kube: Kube, namespace: str, gpus: int) -> None:
+def queue(kube: Kube, namespace: str, gpus: int, preemption: bool = False) -> None:
     """A ClusterQueue with `gpus` GPUs of flavor a100 (CPU, memory, disk plenty) and its LocalQueue `team`."""
     plenty = {"cpu": "1000", "memory": "100Ti", "ephemeral-storage": "100Ti"}
     resources = [{"name": "nvidia.com/gpu", "nominalQuota": gpus}, *({"name": k, "nominalQuota": v}
@@ -71,7 +72,8 @@ def queue(kube: Kube, namespace: str, gpus: int) -> None:
         {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": namespace},
          "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
                   "resourceGroups": [{"coveredResources": [r["name"] for r in resources],
-                                      "flavors": [{"name": "a100", "resources": resources}]}]}},
+                                      "flavors": [{"name": "a100", "resources": resources}]}],
+                  **({"preemption": {"withinClusterQueue": "LowerPriority"}} if preemption else {})}},
     )  # fmt: skip
     kube.create(
         f"{KUEUE}/namespaces/{namespace}/localqueues",
@@ -150,3 +152,40 @@ def test_deleting_a_queued_job_leaves_no_workload(jobs: Jobs, kube: Kube, namesp
     assert workload(jobs, "doomed") is not None
     kube.delete(f"/apis/finetune.dev/v1alpha1/namespaces/{namespace}/finetunejobs/doomed")
     wait_for(lambda: workload(jobs, "doomed") is None, 30, "the Workload to be garbage-collected")
+
+
+def test_a_higher_priority_job_preempts_a_running_one_without_spending_its_restarts(
+    jobs: Jobs, kube: Kube, namespace: str
+) -> None:
+    queue(kube, namespace, gpus=8, preemption=True)
+    for name, value in (("low", 10), ("high", 1000)):
+        kube.create(
+            f"{KUEUE}/workloadpriorityclasses",
+            {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+             "metadata": {"name": f"{namespace}-{name}"}, "value": value},
+        )  # fmt: skip
+
+    def create(name: str) -> None:
+        doc = job_document(**queued())
+        labels = {"kueue.x-k8s.io/priority-class": f"{namespace}-{name}"}
+        doc["metadata"] = {"name": name, "namespace": namespace, "labels": labels}
+        kube.create(JOBS.format(ns=namespace), doc)
+
+    create("low")
+    jobs.wait_state("Running", "low")
+    create("high")
+    low = jobs.wait(lambda s: condition(s, "Queued").get("reason") == "Preempted", "low preempted", "low")
+    assert low["state"] == "Queued" and low["evictions"] == 1 and low["restarts"] == 0, low
+    jobs.wait_events({"Preempted"}, "low")
+    jobs.wait_state("Running", "high")
+    assert not jobs.pods("low")
+
+    succeed(jobs, "high")
+    jobs.wait_state("Succeeded", "high")
+    again = jobs.wait_state("Running", "low")
+    assert again["evictions"] == 1 and again["restarts"] == 0, again
+    try:
+        kube.delete(f"{KUEUE}/workloadpriorityclasses/{namespace}-low")
+        kube.delete(f"{KUEUE}/workloadpriorityclasses/{namespace}-high")
+    except KubeError:
+        pass

@@ -388,9 +388,9 @@ class LocalCluster:
                 str(bins.kueue),
                 f"--config={workdir / 'config.yaml'}",
                 f"--kubeconfig={self.kubeconfig}",
-                "--zap-log-level=2",
             ],
         )
+        self._wait("kueue's webhook certs", lambda: kueue.mount_certs(kube, workdir / "certs"), proc)
         self._wait("kueue /readyz", lambda: _get(f"http://127.0.0.1:{health}/readyz").ok, proc)
         self._wait("kueue webhooks", lambda: kueue.admits_objects(kube), proc)
 

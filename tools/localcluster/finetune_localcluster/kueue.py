@@ -5,7 +5,8 @@ cert and injects its CA into the webhook configurations and the CRDs' conversion
 a real install). The apiserver reaches a webhook Service through the Service's ClusterIP (without
 `--enable-aggregator-routing` it resolves Services to their ClusterIP), and this cluster's
 service range is loopback (127.3.0.0/24): so the webhook Service gets no selector, and Kueue's
-webhook server binds that ClusterIP and the Service's port itself. Nothing leaves loopback.
+webhook server binds that ClusterIP and the Service's port itself. Nothing leaves loopback. No
+kubelet mounts the cert Secret into Kueue's cert dir here, so `mount_certs` copies it there.
 
 The other way, `--enable-aggregator-routing` with a selector-less Service and an EndpointSlice
 at 127.0.0.1, does not work: the apiserver refuses loopback endpoint addresses ("may not be in
@@ -19,6 +20,7 @@ Only Kueue's own webhooks (kueue.x-k8s.io objects) are registered: the job-frame
 
 from __future__ import annotations
 
+import base64
 import copy
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ CONVERTED = ("localqueues", "clusterqueues", "workloads", "cohorts", "multikueue
 """CRDs whose conversion webhook Kueue's cert management injects its CA into (it waits for them)."""
 EXTERNAL_FRAMEWORKS = ("FineTuneJob.v1alpha1.finetune.dev",)
 OWN_WEBHOOK_PATH = "-kueue-x-k8s-io-"
+CERT_FILES = ("ca.crt", "tls.crt", "tls.key")
 
 
 def webhook_service(port: int) -> Obj:
@@ -110,6 +113,9 @@ def install(kube: Kube, bins: Binaries, port: int) -> str:
     """Namespace, webhook Service, CRDs and webhook configurations; returns the Service's ClusterIP."""
     kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     service = kube.create(f"/api/v1/namespaces/{NAMESPACE}/services", webhook_service(port))
+    # the cert rotator fills this Secret in (a real install ships it empty, too)
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": NAMESPACE}}
+    kube.create(f"/api/v1/namespaces/{NAMESPACE}/secrets", secret)
     for crd in crds(bins, port):
         kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
     for config in webhook_configurations(bins, port):
@@ -120,6 +126,20 @@ def install(kube: Kube, bins: Binaries, port: int) -> str:
         )
         kube.create(f"/apis/admissionregistration.k8s.io/v1/{plural}", config)
     return str(service["spec"]["clusterIP"])
+
+
+def mount_certs(kube: Kube, cert_dir: Path) -> bool:
+    """Play the kubelet's secret volume: copy the certs Kueue's rotator wrote into its Secret to
+    the webhook cert dir (the rotator waits for them there). False while the Secret is empty."""
+    data = (kube.get(f"/api/v1/namespaces/{NAMESPACE}/secrets/{SECRET}").get("data")) or {}
+    if not all(key in data for key in CERT_FILES):
+        return False
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    for key in CERT_FILES:
+        path = cert_dir / key
+        path.write_bytes(base64.b64decode(data[key]))
+        path.chmod(0o600)
+    return True
 
 
 def admits_objects(kube: Kube) -> bool:
