@@ -139,7 +139,7 @@ def test_a_quota_smaller_than_the_job_leaves_it_queued_and_says_so(jobs: Jobs, k
     jobs.create("big", **queued(nodes=2))
     status = jobs.wait(lambda s: "nvidia.com/gpu" in condition(s, "Queued").get("message", ""), "why", "big")
     assert status["state"] == "Queued" and condition(status, "Queued")["status"] == "True"
-    assert "quota" in condition(status, "Queued")["message"], status
+    assert "maximum capacity" in condition(status, "Queued")["message"], status  # not "wait for others"
     assert not jobs.pods("big")
     sts = jobs.statefulset("big")
     assert sts is None or sts["spec"]["replicas"] == 0
