@@ -100,6 +100,8 @@ def _load_kube_config(path: str | None, connections: int) -> None:
 
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
+    if args.default_queue_name and not args.kueue:
+        raise SystemExit("ftjob operator: --default-queue-name needs --kueue (Kueue installed)")
     import kopf
     from prometheus_client import start_http_server
 
@@ -118,8 +120,6 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     _load_kube_config(args.kubeconfig, connections=args.workers + 2)
     metrics.initialise(tuple(args.namespace))
     start_http_server(args.metrics_port, addr=args.metrics_address)
-    if args.default_queue_name and not args.kueue:
-        raise SystemExit("--default-queue-name needs --kueue (Kueue installed)")
     options = RenderOptions(
         trainer_image=args.trainer_image, pod_monitor=args.pod_monitor, default_queue_name=args.default_queue_name
     )
