@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from finetune_localcluster import Kube, KubeError, LocalCluster, wait_for
-from finetune_localcluster.devtools import OperatorProcess, install_crd
+from finetune_localcluster.devtools import OperatorProcess, helm, install_crd, service_account_kubeconfig
 from tests.cluster.operator_harness import JOBS, Jobs, gpu_job
 from tests.factories import job_document
 
@@ -23,6 +23,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 FLAVOR_LABELS = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+CHART = Path(__file__).resolve().parents[2] / "charts" / "finetune-operator"
+SYSTEM = "ftjob-system"
 
 
 @pytest.fixture(scope="module")
@@ -40,17 +42,30 @@ def kube(cluster: LocalCluster) -> Iterator[Kube]:
 
 @pytest.fixture(scope="module")
 def operator(cluster: LocalCluster, kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """The operator with the credentials of the chart's service account (`kueue.enabled=true`), so
+    every scenario also checks that the chart grants what the Kueue integration uses."""
+    tmp = tmp_path_factory.mktemp("operator")
+    kube.create("/api/v1/namespaces", {"metadata": {"name": SYSTEM}})
+    helm(cluster.kubeconfig, "install", "ftjob", str(CHART), "--namespace", SYSTEM, "--wait=false",
+         "--set", "kueue.enabled=true")  # fmt: skip
     install_crd(kube)
+    deployment = kube.get(f"/apis/apps/v1/namespaces/{SYSTEM}/deployments/ftjob-finetune-operator")
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    config = service_account_kubeconfig(kube, cluster, SYSTEM, account, tmp / "sa.kubeconfig")
     kube.create(
         f"{KUEUE}/resourceflavors",
         {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "a100"},
          "spec": {"nodeLabels": FLAVOR_LABELS}},
     )  # fmt: skip
-    log: Path = tmp_path_factory.mktemp("operator") / "operator.log"
-    process = OperatorProcess(cluster.kubeconfig, log, extra_args=("--kueue",))
+    log: Path = tmp / "operator.log"
+    process = OperatorProcess(config, log, extra_args=("--kueue",))
     process.start()
     yield process
     process.stop()
+    log = process.log_tail(5000)
+    # an RBAC denial reads '... is forbidden: User "system:serviceaccount:..." cannot ...' (a namespace
+    # being deleted also answers "forbidden", without a user): the chart's Role must cover every call
+    assert "forbidden: user" not in log.lower(), log
 
 
 @pytest.fixture
