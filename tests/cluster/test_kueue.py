@@ -169,6 +169,22 @@ def test_deleting_a_queued_job_leaves_no_workload(jobs: Jobs, kube: Kube, namesp
     wait_for(lambda: workload(jobs, "doomed") is None, 30, "the Workload to be garbage-collected")
 
 
+def test_resizing_a_queued_job_replaces_its_workload(jobs: Jobs, kube: Kube, namespace: str) -> None:
+    queue(kube, namespace, gpus=0)
+    jobs.create("grow", **queued())
+    jobs.wait_state("Queued", "grow")
+    first = wait_for(lambda: workload(jobs, "grow"), 30, "its Workload")
+    assert first["spec"]["podSets"][0]["count"] == 1
+    jobs.patch("grow", {"resources": {"numNodes": 2}})
+
+    def replaced() -> dict[str, Any] | None:
+        new = workload(jobs, "grow")
+        return new if new and new["metadata"]["uid"] != first["metadata"]["uid"] else None
+
+    assert wait_for(replaced, 30, "a new Workload")["spec"]["podSets"][0]["count"] == 2
+    assert jobs.status("grow")["state"] == "Queued" and not jobs.pods("grow")
+
+
 def test_a_higher_priority_job_preempts_a_running_one_without_spending_its_restarts(
     jobs: Jobs, kube: Kube, namespace: str
 ) -> None:

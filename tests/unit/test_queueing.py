@@ -16,6 +16,7 @@ from finetune_operator.render.options import RenderOptions
 from finetune_operator.render.workload import (
     PRIORITY_LABEL,
     QUEUE_LABEL,
+    SPEC_HASH_ANNOTATION,
     priority_class_of,
     queue_of,
     with_priority,
@@ -63,6 +64,9 @@ EVICTED = wl_body(
 def run_queued(job: Any, pods: list[dict[str, Any]], wl: dict[str, Any] | None, **kw: Any) -> Decision:
     observed = observe({"spec": {"replicas": 2}}, pods)
     view = workload_view(wl) if wl is not None else None
+    if view is not None and kw.pop("current", True):  # the Workload asks for what the job needs now
+        desired = workload(job, planner(job.spec), job.spec.queue_name or "")
+        view = replace(view, spec_hash=desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION])
     if view is not None and "labels" in kw:
         view = replace(view, node_labels=tuple(sorted(kw.pop("labels").items())))
     return decide(
@@ -194,3 +198,33 @@ def test_the_priority_class_label_becomes_the_workloads_priority() -> None:
     assert body["spec"]["priorityClassRef"] == {
         "group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "urgent"
     }  # fmt: skip
+
+
+def test_a_resized_job_replaces_its_workload_once_its_gang_has_stopped() -> None:
+    job, _ = step(job_with(queueName="team-a"), [])
+    running = run_queued(job, [pod(0), pod(1)], ADMITTED)
+    job = job.model_copy(update={"status": running.status})
+    stale = run_queued(job, [pod(0), pod(1)], ADMITTED, current=False)
+    queued = next(c for c in stale.status.conditions if c.type == "Queued")
+    assert (queued.status, queued.reason) == ("True", "WorkloadChanged")
+    assert stale.replicas == 0 and not stale.replace_workload and stale.status.restarts == 0
+    job = job.model_copy(update={"status": stale.status})
+    stopped = run_queued(job, [], ADMITTED, current=False)
+    assert stopped.replace_workload and stopped.workload is None
+    again = run_queued(job, [], None)
+    assert again.workload is not None, "the next pass creates the new Workload"
+
+
+def test_the_workload_hash_follows_size_and_queue() -> None:
+    job = job_with(queueName="team-a")
+    plan = planner(job.spec)
+    base = workload(job, plan, "team-a")["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    assert workload(job, plan, "team-a")["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == base
+    other_queue = workload(job, plan, "team-b")["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    bigger = job.model_copy(
+        update={
+            "spec": job.spec.model_copy(update={"resources": job.spec.resources.model_copy(update={"num_nodes": 4})})
+        }
+    )
+    resized = workload(bigger, planner(bigger.spec), "team-a")["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    assert len({base, other_queue, resized}) == 3

@@ -42,8 +42,8 @@ KUEUE: tuple[Permission, ...] = (
     Permission(
         "kueue.x-k8s.io",
         "workloads",
-        ("get", "list", "watch", "create", "patch"),
-        "a queued job's Workload: server-side applied, watched for admission and eviction",
+        ("get", "list", "watch", "create", "patch", "delete"),
+        "a queued job's Workload: server-side applied, watched for admission and eviction, replaced on a resize",
     ),
     Permission(
         "kueue.x-k8s.io",

@@ -218,6 +218,17 @@ class ClusterIO:
             raise
         _release(response)
 
+    def delete_workload(self, namespace: str, name: str, uid: str) -> None:
+        """Delete a job's Workload by name with a uid precondition (one replaced meanwhile survives)."""
+        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
+        try:
+            self.custom.delete_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", name, body=options, _request_timeout=TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+
     def flavor_node_labels(self, flavor: str) -> dict[str, str]:
         """A Kueue ResourceFlavor's nodeLabels (where pods admitted on it must run); {} if it has none or is gone."""
         try:

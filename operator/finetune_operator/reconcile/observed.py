@@ -18,6 +18,7 @@ from typing import Any
 
 from ..api.job import KIND
 from ..render.identity import CONFIG_HASH_ANNOTATION, POD_INDEX_LABEL
+from ..render.workload import SPEC_HASH_ANNOTATION as WORKLOAD_HASH_ANNOTATION
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,8 @@ class WorkloadView:
     conditions: tuple[KueueCondition, ...]
     flavors: tuple[str, ...]
     """ResourceFlavors of the admission (every resource of every pod set), sorted, deduplicated."""
+    spec_hash: str | None = None
+    """The operator's hash of what the Workload asks for (its annotation)."""
     node_labels: tuple[tuple[str, str], ...] = ()
     """The admitted flavors' nodeLabels, filled in by the reconciler (they live on the ResourceFlavors)."""
 
@@ -268,6 +271,7 @@ def workload_view(body: Mapping[str, Any]) -> WorkloadView:
         owner_uid=controller_uid(body, KIND),
         conditions=conditions,
         flavors=tuple(sorted(flavors)),
+        spec_hash=_get(body, "metadata", "annotations", WORKLOAD_HASH_ANNOTATION),
     )
 
 

@@ -33,7 +33,7 @@ QUEUED = "Queued"
 WORKLOAD_CREATED = "WorkloadCreated"
 ADMITTED = "Admitted"
 EVICTED = "Evicted"
-NOT_QUEUED = "NotQueued"
+WORKLOAD_CHANGED = "WorkloadChanged"
 
 
 def is_out_of_memory(term: Termination) -> bool:

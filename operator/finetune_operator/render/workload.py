@@ -13,6 +13,8 @@ sets of an admitted Workload as immutable, so the operator creates it once and n
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from ..api.job import FineTuneJob
@@ -27,6 +29,8 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 """On the FineTuneJob, as on any Kueue-managed job: the WorkloadPriorityClass of its Workload."""
 PLACEMENT_FIELDS = ("nodeSelector", "affinity", "tolerations", "priorityClassName")
+SPEC_HASH_ANNOTATION = "finetune.dev/workload-hash"
+"""What the Workload asks for: when the job's requests or size change, the Workload is replaced."""
 
 
 def queue_of(job: FineTuneJob, options: RenderOptions) -> str | None:
@@ -54,12 +58,13 @@ def workload(job: FineTuneJob, plan: PlanStatus, queue: str) -> dict[str, Any]:
     }
     meta = metadata(job, job.name, "workload")
     meta["labels"] = {**meta["labels"], QUEUE_LABEL: queue}
-    return {
-        "apiVersion": WORKLOAD_API_VERSION,
-        "kind": "Workload",
-        "metadata": meta,
-        "spec": {
-            "queueName": queue,
-            "podSets": [{"name": POD_SET, "count": job.spec.resources.num_nodes, "template": {"spec": spec}}],
-        },
+    body = {
+        "queueName": queue,
+        "podSets": [{"name": POD_SET, "count": job.spec.resources.num_nodes, "template": {"spec": spec}}],
     }
+    meta["annotations"] = {SPEC_HASH_ANNOTATION: spec_hash(body)}
+    return {"apiVersion": WORKLOAD_API_VERSION, "kind": "Workload", "metadata": meta, "spec": body}
+
+
+def spec_hash(spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...api.status import ConditionType, State, Workers
-from ...render.workload import workload
+from ...render.workload import SPEC_HASH_ANNOTATION, workload
 from .. import reasons as R
 from ..conditions import is_true
 from ..observed import KueueCondition, WorkloadView
@@ -30,6 +30,13 @@ def decide(ctx: Context) -> Decision | None:
     if ctx.plan is None:
         raise RuntimeError("the planning policy must run before the queueing policy")
     wl = ctx.observed.workload
+    desired = workload(ctx.job, ctx.plan, queue)
+    if wl is not None and wl.spec_hash != desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]:
+        stop = _stopped(ctx)
+        message = "the job's size or requests changed: its Workload is replaced and admitted again"
+        b.cond(ConditionType.QUEUED, True, R.WORKLOAD_CHANGED, message)
+        stop.replace_workload = not ctx.observed.live_pods
+        return stop
     if wl is not None and wl.admitted:
         flavors = ", ".join(wl.flavors) or "the default flavor"
         message = f"admitted by Kueue from queue {queue} on {flavors}"
@@ -39,7 +46,7 @@ def decide(ctx: Context) -> Decision | None:
     stop = _stopped(ctx)
     if wl is None:
         b.cond(ConditionType.QUEUED, True, R.QUEUED, f"{WAITING} in queue {queue} (Workload {ctx.job.name} created)")
-        stop.workload = workload(ctx.job, ctx.plan, queue)
+        stop.workload = desired
         return stop
     evicted = wl.condition("Evicted")
     if evicted is not None and evicted.status == "True":
