@@ -185,6 +185,20 @@ def test_resizing_a_queued_job_replaces_its_workload(jobs: Jobs, kube: Kube, nam
     assert jobs.status("grow")["state"] == "Queued" and not jobs.pods("grow")
 
 
+def test_suspending_an_admitted_job_frees_its_quota(jobs: Jobs, kube: Kube, namespace: str) -> None:
+    queue(kube, namespace, gpus=8)
+    jobs.create("paused", **queued())
+    jobs.wait_state("Running", "paused")
+    jobs.create("next", **queued())
+    jobs.wait_state("Queued", "next")
+    jobs.patch("paused", {"suspend": True})
+    jobs.wait_state("Suspended", "paused")
+    jobs.wait_state("Running", "next")
+    assert workload(jobs, "paused") is None
+    jobs.patch("paused", {"suspend": False})
+    jobs.wait(lambda s: condition(s, "Queued").get("reason") == "Pending", "paused queued again", "paused")
+
+
 def test_a_higher_priority_job_preempts_a_running_one_without_spending_its_restarts(
     jobs: Jobs, kube: Kube, namespace: str
 ) -> None:

@@ -207,10 +207,10 @@ def test_a_resized_job_replaces_its_workload_once_its_gang_has_stopped() -> None
     stale = run_queued(job, [pod(0), pod(1)], ADMITTED, current=False)
     queued = next(c for c in stale.status.conditions if c.type == "Queued")
     assert (queued.status, queued.reason) == ("True", "WorkloadChanged")
-    assert stale.replicas == 0 and not stale.replace_workload and stale.status.restarts == 0
+    assert stale.replicas == 0 and not stale.delete_workload and stale.status.restarts == 0
     job = job.model_copy(update={"status": stale.status})
     stopped = run_queued(job, [], ADMITTED, current=False)
-    assert stopped.replace_workload and stopped.workload is None
+    assert stopped.delete_workload and stopped.workload is None
     again = run_queued(job, [], None)
     assert again.workload is not None, "the next pass creates the new Workload"
 
@@ -228,3 +228,14 @@ def test_the_workload_hash_follows_size_and_queue() -> None:
     )
     resized = workload(bigger, planner(bigger.spec), "team-a")["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
     assert len({base, other_queue, resized}) == 3
+
+
+def test_a_suspended_job_gives_its_quota_back_and_queues_again_on_resume() -> None:
+    job, _ = step(job_with(queueName="team-a"), [])
+    suspended = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": True})})
+    stopping = run_queued(suspended, [pod(0), pod(1)], ADMITTED)
+    assert stopping.status.state == "Suspended" and stopping.replicas == 0 and not stopping.delete_workload
+    stopped = run_queued(suspended, [], ADMITTED)
+    assert stopped.delete_workload
+    resumed = run_queued(job.model_copy(update={"status": stopped.status}), [], None)
+    assert resumed.status.state == "Queued" and resumed.workload is not None

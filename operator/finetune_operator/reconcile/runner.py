@@ -205,7 +205,7 @@ class Reconciler:
             except ChildWriteError as exc:
                 log.warning("job %s/%s: %s", namespace, job.name, exc)
                 return after_write_error(job, decision, exc, datetime.now(UTC))
-        if wl is not None and decision.replace_workload:
+        if wl is not None and decision.delete_workload:
             self.cluster.delete_workload(namespace, wl.name, wl.uid)
         if wl is not None and decision.release_workload:
             self.cluster.workload_status(namespace, wl.name, wl.resource_version, released_status(wl, now))
@@ -316,7 +316,7 @@ class Reconciler:
     def _has_effects(self, body: Mapping[str, Any], job: FineTuneJob, observed: Observed, d: Decision) -> bool:
         old = salvage_status(body.get("status"))
         changed = _without_progress_time(d.status) != _without_progress_time(old)
-        kueue = (d.workload is not None and observed.workload is None) or d.release_workload or d.replace_workload
+        kueue = (d.workload is not None and observed.workload is None) or d.release_workload or d.delete_workload
         kueue = kueue or bool(d.finish_workload)
         return changed or kueue or d.delete_pods or d.delete_job or self._needs_apply(job, observed, d)
 

@@ -50,8 +50,9 @@ class Decision:
     """A Kueue Workload to create (the job is queued and has none yet)."""
     release_workload: bool = False
     """The evicted gang has stopped: give the Workload's quota reservation back to Kueue."""
-    replace_workload: bool = False
-    """The job's requests or size changed and its gang has stopped: delete its Workload (a new one is made)."""
+    delete_workload: bool = False
+    """Delete the job's Workload, its gang being stopped: its size or requests changed (a new one is
+    made), or the job is suspended (its quota goes back; resuming queues it again)."""
     finish_workload: str | None = None
     """The job ended (Succeeded|Failed): mark its Workload Finished."""
     placement: dict[str, str] = field(default_factory=dict)

@@ -35,7 +35,7 @@ def decide(ctx: Context) -> Decision | None:
         stop = _stopped(ctx)
         message = "the job's size or requests changed: its Workload is replaced and admitted again"
         b.cond(ConditionType.QUEUED, True, R.WORKLOAD_CHANGED, message)
-        stop.replace_workload = not ctx.observed.live_pods
+        stop.delete_workload = not ctx.observed.live_pods
         return stop
     if wl is not None and wl.admitted:
         flavors = ", ".join(wl.flavors) or "the default flavor"
@@ -76,9 +76,13 @@ def _stopped(ctx: Context) -> Decision:
 
 
 def finish(ctx: Context, decision: Decision) -> None:
-    """A finished job's Workload is marked Finished (its quota goes back to the queue)."""
+    """A finished job's Workload is marked Finished (its quota goes back to the queue); a suspended
+    job's is deleted once its gang has stopped (resuming queues the job again)."""
     wl = ctx.observed.workload
     state = decision.status.state
+    if wl is not None and ctx.job.spec.suspend and state == State.SUSPENDED:
+        decision.delete_workload = not ctx.observed.live_pods
+        return
     if wl is None or wl.is_true("Finished") or state not in (State.SUCCEEDED, State.FAILED):
         return
     decision.finish_workload = "Succeeded" if state == State.SUCCEEDED else "Failed"
