@@ -9,6 +9,8 @@
 #   etcd/<etcd-version>/bin/etcd
 #   kwok/<kwok-version>/bin/kwok  and  kwok/<kwok-version>/stage/  (its Stage examples)
 #   helm/<helm-version>/bin/helm
+#   kueue/<kueue-version>/bin/kueue, kueue/<kueue-version>/crd/ (its CRD yamls) and
+#   kueue/<kueue-version>/webhook/manifests.yaml (its webhook configurations)
 # Environment: FTJOB_CACHE_DIR, FTJOB_BUILD_JOBS (default 2), and the usual GOCACHE /
 # GOMODCACHE / GOPROXY, which are reused between runs.
 set -euo pipefail
@@ -17,6 +19,7 @@ K8S_VERSION="${K8S_VERSION:-v1.35.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
 CACHE_DIR="${FTJOB_CACHE_DIR:-$HOME/.cache/finetune-operator}"
 JOBS="${FTJOB_BUILD_JOBS:-2}"
 BUILD_DATE="2026-01-01T00:00:00Z"
@@ -44,10 +47,12 @@ kube_dir="$CACHE_DIR/kube/$K8S_VERSION"
 etcd_dir="$CACHE_DIR/etcd/$ETCD_VERSION"
 kwok_dir="$CACHE_DIR/kwok/$KWOK_VERSION"
 helm_dir="$CACHE_DIR/helm/$HELM_VERSION"
+kueue_dir="$CACHE_DIR/kueue/$KUEUE_VERSION"
 
 all_cached() {
   have_all "$kube_dir/bin" $KUBE_BINS && have_all "$etcd_dir/bin" etcd \
-    && have_all "$kwok_dir/bin" kwok && [[ -d "$kwok_dir/stage" ]] && have_all "$helm_dir/bin" helm
+    && have_all "$kwok_dir/bin" kwok && [[ -d "$kwok_dir/stage" ]] && have_all "$helm_dir/bin" helm \
+    && have_all "$kueue_dir/bin" kueue && [[ -d "$kueue_dir/crd" && -f "$kueue_dir/webhook/manifests.yaml" ]]
 }
 if all_cached; then log "cache is warm: $CACHE_DIR (nothing to build)"; exit 0; fi
 
@@ -144,11 +149,25 @@ build_helm() {
   mkdir -p "$helm_dir"; rm -rf "$helm_dir/bin"; mv "$WORK/helm/bin" "$helm_dir/bin"
 }
 
+build_kueue() {
+  # sigs.k8s.io/kueue has no replace lines: a plain `go install` of its manager builds it. The
+  # CRDs (config/components/crd/bases) come from the same module version, so they match.
+  mkdir -p "$WORK/kueue/bin"
+  timed "kueue $KUEUE_VERSION" env GOBIN="$WORK/kueue/bin" go install -p "$JOBS" -trimpath -ldflags '-s -w' "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+  local src; src="$(go env GOMODCACHE)/sigs.k8s.io/kueue@$KUEUE_VERSION/config/components"
+  [[ -d "$src/crd/bases" && -f "$src/webhook/manifests.yaml" ]] || die "kueue CRDs or webhooks not found under $src"
+  mkdir -p "$kueue_dir"; rm -rf "$kueue_dir/bin" "$kueue_dir/crd" "$kueue_dir/webhook"
+  mv "$WORK/kueue/bin" "$kueue_dir/bin"
+  cp -r "$src/crd/bases" "$kueue_dir/crd"; mkdir -p "$kueue_dir/webhook"
+  cp "$src/webhook/manifests.yaml" "$kueue_dir/webhook/"; chmod -R u+w "$kueue_dir/crd" "$kueue_dir/webhook"
+}
+
 have_all "$etcd_dir/bin" etcd || build_etcd
 have_all "$kwok_dir/bin" kwok && [[ -d "$kwok_dir/stage" ]] || build_kwok
 have_all "$helm_dir/bin" helm || build_helm
 have_all "$kube_dir/bin" $KUBE_BINS || build_kube
+have_all "$kueue_dir/bin" kueue && [[ -d "$kueue_dir/crd" && -f "$kueue_dir/webhook/manifests.yaml" ]] || build_kueue
 
 log "total build time: $((SECONDS - TOTAL_START))s"
 log "cache: $CACHE_DIR ($(du -sh "$CACHE_DIR" | cut -f1))"
-for d in "$kube_dir" "$etcd_dir" "$kwok_dir" "$helm_dir"; do ls -l "$d/bin"; done
+for d in "$kube_dir" "$etcd_dir" "$kwok_dir" "$helm_dir" "$kueue_dir"; do ls -l "$d/bin"; done

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from finetune_operator.handlers.permissions import OPTIONAL, REQUIRED, Permission
+from finetune_operator.handlers.permissions import KUEUE, KUEUE_CLUSTER, OPTIONAL, REQUIRED, Permission
 from finetune_operator.render.identity import labels as job_labels
 from tests.factories import REPO_ROOT, make_job
 
@@ -184,19 +184,32 @@ RBAC_CASES = [
         True,
         id="namespaced+per-job-podmonitor",
     ),
+    pytest.param(("kueue.enabled=true",), False, id="cluster-wide+kueue"),
+    pytest.param(("watchNamespaces={team-a,team-b}", "kueue.enabled=true"), False, id="namespaced+kueue"),
 ]
+
+
+def _kueue_role(objects: list[Obj]) -> list[Obj]:
+    return [r for r in of_kind(objects, "ClusterRole") if r["metadata"]["name"].endswith("-kueue")]
 
 
 @needs_helm
 @pytest.mark.parametrize(("sets", "with_optional"), RBAC_CASES)
 def test_roles_grant_exactly_what_the_operator_declares(sets: tuple[str, ...], with_optional: bool) -> None:
     objects = render(*sets)
+    kueue = "kueue.enabled=true" in sets
     expected = _needed(REQUIRED) | (_needed(OPTIONAL) if with_optional else set())
+    expected |= _needed(KUEUE) if kueue else set()
     namespaced = any(s.startswith("watchNamespaces=") for s in sets)
-    roles = of_kind(objects, "Role") if namespaced else of_kind(objects, "ClusterRole")
+    flavors = _kueue_role(objects)
+    assert len(flavors) == int(kueue)
+    for role in flavors:  # cluster-scoped ResourceFlavors: a ClusterRole even for a namespaced operator
+        assert set().union(*(_granted(rule) for rule in role["rules"])) == _needed(KUEUE_CLUSTER)
+    cluster_roles = [r for r in of_kind(objects, "ClusterRole") if r not in flavors]
+    roles = of_kind(objects, "Role") if namespaced else cluster_roles
     assert roles
     if namespaced:
-        assert not of_kind(objects, "ClusterRole") and not of_kind(objects, "ClusterRoleBinding")
+        assert not cluster_roles and len(of_kind(objects, "ClusterRoleBinding")) == len(flavors)
         assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         granted: set[tuple[str, str, str]] = set()
@@ -222,9 +235,9 @@ def test_bindings_tie_the_roles_to_the_operator_service_account(sets: tuple[str,
     for b in bindings:
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}]
         assert (b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace")) in roles
-    assert ("--pod-monitor" in one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]) == (
-        with_optional
-    )
+    args = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert ("--pod-monitor" in args) == with_optional
+    assert ("--kueue" in args) == ("kueue.enabled=true" in sets)
 
 
 @needs_helm

@@ -27,3 +27,16 @@ def test_workers_must_be_a_positive_whole_number(value: str, capsys: pytest.Capt
 def test_workers_default_and_value() -> None:
     assert build_parser().parse_args([]).workers == 16
     assert build_parser().parse_args(["--workers", "4"]).workers == 4
+
+
+def test_kueue_flags() -> None:
+    args = build_parser().parse_args(["--kueue", "--default-queue-name", "team"])
+    assert args.kueue and args.default_queue_name == "team"
+    plain = build_parser().parse_args([])
+    assert not plain.kueue and plain.default_queue_name is None
+
+
+def test_a_default_queue_without_kueue_is_refused_before_anything_starts() -> None:
+    args = build_parser().parse_args(["--default-queue-name", "team"])
+    with pytest.raises(SystemExit, match="needs --kueue"):
+        operator_cmd.run(args)

@@ -128,4 +128,12 @@ Secrets are absent on purpose.
   resources: ["podmonitors"]
   verbs: ["get", "create", "patch"]
 {{- end }}
+{{- if .Values.kueue.enabled }}
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
 {{- end }}

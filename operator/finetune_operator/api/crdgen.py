@@ -180,6 +180,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Workers", "type": "string", "jsonPath": ".status.workers.summary", "priority": 1},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
+    {"name": "Queue", "type": "string", "jsonPath": ".spec.queueName", "priority": 1},
     {"name": "Method", "type": "string", "jsonPath": ".spec.method.type", "priority": 1},
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.uri", "priority": 1},
 ]

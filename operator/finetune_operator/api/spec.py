@@ -18,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 
 from . import mount_paths
 from .base import (
+    DNS_LABEL_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
     ENV_NAME_PATTERN,
     LABEL_VALUE_PATTERN,
@@ -678,6 +679,12 @@ class FineTuneJobSpec(RuledModel):
         "priorityClassName, imagePullSecrets, capabilities). Fields the operator owns cannot be overridden.",
     )
     suspend: bool = Field(default=False, description="Scale the workers to 0 while true; resume from checkpoint.")
+    queue_name: Annotated[str, Field(max_length=63, pattern=DNS_LABEL_PATTERN)] | None = Field(
+        default=None,
+        description="Kueue LocalQueue (in the job's namespace) that admits the job: its whole gang starts only "
+        "when the queue's ClusterQueue has quota for all of it; preemption suspends it without spending "
+        "failurePolicy.backoffLimit. Unset: the operator's default queue, if any; else no queueing.",
+    )
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     active_deadline_seconds: Annotated[int, Field(ge=1, le=31_536_000)] | None = Field(
         default=None, description="Fail with DeadlineExceeded after this many seconds of running."

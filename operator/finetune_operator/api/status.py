@@ -17,6 +17,7 @@ from .base import ApiModel
 
 class ConditionType(StrEnum):
     PLANNED = "Planned"
+    QUEUED = "Queued"
     RUNNING = "Running"
     RESTARTING = "Restarting"
     SUSPENDED = "Suspended"
@@ -29,6 +30,7 @@ class State(StrEnum):
 
     PENDING = "Pending"
     PLANNED = "Planned"
+    QUEUED = "Queued"
     RUNNING = "Running"
     RESTARTING = "Restarting"
     SUSPENDED = "Suspended"
@@ -143,6 +145,9 @@ class FineTuneJobStatus(ApiModel):
     plan: PlanStatus | None = None
     progress: Progress | None = None
     restarts: Annotated[int, Field(ge=0)] = 0
+    evictions: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="Times Kueue evicted (preempted) the admitted gang; not counted as restarts."
+    )
     last_failure: LastFailure | None = None
     workers: Workers | None = None
     result: Result | None = None

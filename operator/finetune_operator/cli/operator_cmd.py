@@ -49,6 +49,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=env("FTJOB_RECONCILE_WORKERS", "16"),
         help="jobs reconciled in parallel (each job on one worker at a time)",
     )
+    parser.add_argument(
+        "--kueue",
+        action="store_true",
+        default=env("FTJOB_KUEUE", "") == "true",
+        help="Kueue is installed: watch Workloads; jobs with spec.queueName start only when admitted",
+    )
+    parser.add_argument(
+        "--default-queue-name",
+        default=env("FTJOB_DEFAULT_QUEUE_NAME") or None,
+        help="Kueue LocalQueue for jobs without spec.queueName (needs --kueue); default: such jobs are not queued",
+    )
     parser.add_argument("--pod-monitor", action="store_true", default=env("FTJOB_POD_MONITOR", "") == "true")
     parser.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="default: in-cluster, then ~/.kube/config")
     parser.add_argument(
@@ -105,6 +116,8 @@ def _allow_deep_objects() -> None:
 
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
+    if args.default_queue_name and not args.kueue:
+        raise SystemExit("ftjob operator: --default-queue-name needs --kueue (Kueue installed)")
     import kopf
     from prometheus_client import start_http_server
 
@@ -124,14 +137,17 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     _load_kube_config(args.kubeconfig, connections=args.workers + 2)
     metrics.initialise(tuple(args.namespace))
     start_http_server(args.metrics_port, addr=args.metrics_address)
-    options = RenderOptions(trainer_image=args.trainer_image, pod_monitor=args.pod_monitor)
+    options = RenderOptions(
+        trainer_image=args.trainer_image, pod_monitor=args.pod_monitor, default_queue_name=args.default_queue_name
+    )
     policy = SchedulingPolicy(
         priority_classes=tuple(args.allowed_priority_class),
         toleration_keys=tuple(args.allowed_toleration_key),
         tolerate_everything=args.allow_tolerate_all,
     )
     reconciler = Reconciler(ClusterIO(), options, post_event, policy)
-    registry = build_registry(reconciler, HandlerSettings(interval_seconds=args.interval, max_workers=args.workers))
+    settings = HandlerSettings(interval_seconds=args.interval, max_workers=args.workers, kueue=args.kueue)
+    registry = build_registry(reconciler, settings)
     liveness = f"http://{args.metrics_address}:{args.health_port}/healthz"
     asyncio.run(
         kopf.operator(

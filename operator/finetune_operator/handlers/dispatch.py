@@ -31,6 +31,8 @@ class HandlerSettings:
     resync_seconds: float = 300.0
     """Pass interval of a finished or suspended job (a safety net: events wake it)."""
     max_workers: int = 16
+    kueue: bool = False
+    """Watch Kueue Workloads (Kueue installed): queued jobs start when admitted."""
 
 
 class ReconcilerLike(Protocol):
@@ -78,13 +80,19 @@ class JobHandlers:
         self._unapplied: set[Key] = set()
         self._pods: Mapping[Any, Any] = {}
         self._workers: Mapping[Any, Any] = {}
+        self._workloads: Mapping[Any, Any] = {}
         self.bound = False
 
     def bind(
-        self, pods: Mapping[Any, Any], workers: Mapping[Any, Any], context: contextvars.Context | None = None
+        self,
+        pods: Mapping[Any, Any],
+        workers: Mapping[Any, Any],
+        context: contextvars.Context | None = None,
+        workloads: Mapping[Any, Any] | None = None,
     ) -> None:
         """The child indexes (kopf.Index objects: live, updated in place) and the context to post Events in."""
         self._pods, self._workers = pods, workers
+        self._workloads = workloads if workloads is not None else {}
         if context is not None:
             self.queue.use_context(context)
         self.bound = True
@@ -132,7 +140,9 @@ class JobHandlers:
         if body is None:
             return None
         job_uid = str((body.get("metadata") or {}).get("uid") or "")
-        observed = owned(job[1], job_uid, self._workers.get(job, []), self._pods.get(job, []))
+        observed = owned(
+            job[1], job_uid, self._workers.get(job, []), self._pods.get(job, []), self._workloads.get(job, [])
+        )
         outcome = self.reconciler.reconcile(body, observed, apply_all=first)
         if first:
             with self._lock:

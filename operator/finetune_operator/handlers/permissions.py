@@ -37,3 +37,26 @@ REQUIRED: tuple[Permission, ...] = (
 OPTIONAL: tuple[Permission, ...] = (
     Permission("monitoring.coreos.com", "podmonitors", ("get", "create", "patch"), "only with podMonitor enabled"),
 )
+
+KUEUE: tuple[Permission, ...] = (
+    Permission(
+        "kueue.x-k8s.io",
+        "workloads",
+        ("get", "list", "watch", "create", "patch", "delete"),
+        "a queued job's Workload: server-side applied, watched for admission and eviction, replaced on a resize",
+    ),
+    Permission(
+        "kueue.x-k8s.io",
+        "workloads/status",
+        ("patch",),
+        "give back an evicted job's quota; mark a finished job's Workload Finished",
+    ),
+)
+"""Only with `kueue.enabled`: in the operator's Role(s), next to REQUIRED."""
+
+KUEUE_CLUSTER: tuple[Permission, ...] = (
+    Permission("kueue.x-k8s.io", "resourceflavors", ("get",), "the admitted flavor's nodeLabels (cluster-scoped)"),
+    Permission("kueue.x-k8s.io", "workloadpriorityclasses", ("get",), "a job's priority, by its priority-class label"),
+)
+"""Only with `kueue.enabled`: ResourceFlavors are cluster-scoped, so they get a ClusterRole of
+their own, even when the operator watches only some namespaces."""

@@ -22,8 +22,9 @@ import kopf
 from kubernetes import client
 
 from ..api.job import GROUP, PLURAL, VERSION
+from ..reconcile.cluster_io import KUEUE_GROUP, KUEUE_VERSION
 from ..reconcile.lifecycle import Event
-from ..reconcile.observed import pod_view, workers_view
+from ..reconcile.observed import pod_view, workers_view, workload_view
 from ..reconcile.runner import Reconciler
 from ..render.identity import JOB_NAME_LABEL
 from .dispatch import HandlerSettings, JobHandlers, job_key
@@ -81,6 +82,7 @@ def connection_from_client() -> kopf.ConnectionInfo:
 def build_registry(reconciler: Reconciler, settings: HandlerSettings) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     jobs = JobHandlers(reconciler, settings)
+    labelled = {JOB_NAME_LABEL: kopf.PRESENT}
 
     @kopf.on.login(registry=registry)
     def login(**_kw: Any) -> kopf.ConnectionInfo:
@@ -111,11 +113,22 @@ def build_registry(reconciler: Reconciler, settings: HandlerSettings) -> kopf.Op
     async def workers_by_job(**kw: Any) -> dict[Any, Any]:
         return {job_key(kw): workers_view(kw["body"])}
 
+    if settings.kueue:
+        # only with Kueue installed: kopf would wait for an index of a resource the cluster lacks
+
+        @kopf.index(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=labelled, id="workloads_by_job", registry=registry)
+        async def workloads_by_job(**kw: Any) -> dict[Any, Any]:
+            return {job_key(kw): workload_view(kw["body"])}
+
+        @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=labelled, registry=registry)
+        async def workload_event(**kw: Any) -> None:
+            await jobs.on_child(kw)
+
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def job_event(**kw: Any) -> None:
         if not jobs.bound:
             # kopf.event() needs kopf's event queue from the handler's context variables
-            jobs.bind(kw["pods_by_job"], kw["workers_by_job"], contextvars.copy_context())
+            jobs.bind(kw["pods_by_job"], kw["workers_by_job"], contextvars.copy_context(), kw.get("workloads_by_job"))
         await jobs.on_job(kw)
 
     @kopf.on.event("pods", labels={JOB_NAME_LABEL: kopf.PRESENT}, registry=registry)

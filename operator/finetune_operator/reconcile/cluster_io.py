@@ -23,6 +23,7 @@ from ..api.job import GROUP, KIND, PLURAL, VERSION
 from ..render.identity import FIELD_MANAGER
 from .observed import controller_uid
 
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 TIMEOUT = 15
@@ -200,6 +201,64 @@ class ClusterIO:
         if newest is None:
             return None
         return f"{newest.reason or 'Warning'}: {' '.join(str(newest.message or '').split())[:300]}"
+
+    def workload_status(self, namespace: str, name: str, resource_version: str, status: dict[str, Any]) -> None:
+        """Write a Kueue Workload's status (as its job controller): a merge patch guarded by the
+        resourceVersion it was decided on; a stale one (409) or a Workload gone (404) is left to
+        the next pass."""
+        patch = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        try:
+            response = self.custom.patch_namespaced_custom_object_status(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", name, patch,
+                _content_type=MERGE, _request_timeout=TIMEOUT, _preload_content=False,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return
+            raise
+        _release(response)
+
+    def delete_workload(self, namespace: str, name: str, uid: str) -> None:
+        """Delete a job's Workload by name with a uid precondition (one replaced meanwhile survives)."""
+        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
+        try:
+            self.custom.delete_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", name, body=options, _request_timeout=TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+
+    def flavor_node_labels(self, flavor: str) -> dict[str, str]:
+        """A Kueue ResourceFlavor's nodeLabels (where pods admitted on it must run); {} if it has none or is gone."""
+        try:
+            response = self.custom.get_cluster_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, "resourceflavors", flavor, _preload_content=False, _request_timeout=TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return {}
+            raise
+        body = json.loads(getattr(response, "data", b"{}") or b"{}")
+        _release(response)
+        labels = (body.get("spec") or {}).get("nodeLabels") or {}
+        return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+    def workload_priority(self, priority_class: str) -> int | None:
+        """A Kueue WorkloadPriorityClass's value; None if there is no such class."""
+        try:
+            response = self.custom.get_cluster_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, "workloadpriorityclasses", priority_class,
+                _preload_content=False, _request_timeout=TIMEOUT,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        body = json.loads(getattr(response, "data", b"{}") or b"{}")
+        _release(response)
+        value = body.get("value")
+        return value if isinstance(value, int) else None
 
     def delete_job(self, namespace: str, name: str) -> None:
         try:

@@ -52,6 +52,7 @@ def headline(conditions: list[Condition]) -> State:
         (ConditionType.FAILED, State.FAILED),
         (ConditionType.SUCCEEDED, State.SUCCEEDED),
         (ConditionType.SUSPENDED, State.SUSPENDED),
+        (ConditionType.QUEUED, State.QUEUED),
         (ConditionType.RESTARTING, State.RESTARTING),
         (ConditionType.RUNNING, State.RUNNING),
         (ConditionType.PLANNED, State.PLANNED),

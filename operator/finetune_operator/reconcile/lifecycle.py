@@ -16,7 +16,7 @@ from datetime import datetime
 from ..api.job import FineTuneJob
 from ..api.status import PlanStatus, Progress
 from .observed import Observed
-from .policies import config_change, deadline, failure, gang, planning, success, suspend, ttl, waiting
+from .policies import config_change, deadline, failure, gang, planning, queueing, success, suspend, ttl, waiting
 from .policies.context import (
     Context,
     Decision,
@@ -36,6 +36,7 @@ POLICIES: tuple[Policy, ...] = (
     ttl.decide,  # finished: nothing runs; delete after the TTL
     planning.decide,  # the plan of this generation, or Failed/InvalidSpec|DoesNotFit
     suspend.decide,
+    queueing.decide,  # under Kueue: nothing runs until the Workload is admitted; eviction scales to 0
     deadline.decide,
     gang.decide,  # the current gang's workers and progress; the decisions below refine it
     success.decide,
@@ -54,14 +55,18 @@ def decide(
     replanner: Replanner,
     desired_config_hash: Callable[[PlanStatus], str],
     progress: Progress | None = None,
+    default_queue: str | None = None,
 ) -> Decision:
     """Everything the operator should do for this job now."""
     builder = StatusBuilder(job, now)
-    ctx = Context(job, observed, now, planner, replanner, desired_config_hash, progress, builder)
+    queue = job.spec.queue_name or default_queue
+    ctx = Context(job, observed, now, planner, replanner, desired_config_hash, progress, builder, queue)
     for policy in POLICIES:
         decision = policy(ctx)
         if decision is not None:
             decision.status = builder.finish()
             decision.events = [*builder.events, *decision.events]
+            decision.placement = ctx.placement
+            queueing.finish(ctx, decision)
             return decision
     raise AssertionError("the waiting policy decides every job that gets that far")

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..api.job import KIND
 from ..render.identity import CONFIG_HASH_ANNOTATION, POD_INDEX_LABEL
+from ..render.workload import SPEC_HASH_ANNOTATION as WORKLOAD_HASH_ANNOTATION
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,51 @@ class WorkersView:
 
 
 @dataclass(frozen=True)
+class KueueCondition:
+    type: str
+    status: str
+    reason: str
+    message: str
+    time: str
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    """The job's Kueue Workload: whether it holds quota, and where Kueue put it."""
+
+    name: str
+    uid: str
+    resource_version: str
+    owner_uid: str | None
+    conditions: tuple[KueueCondition, ...]
+    flavors: tuple[str, ...]
+    """ResourceFlavors of the admission (every resource of every pod set), sorted, deduplicated."""
+    spec_hash: str | None = None
+    """The operator's hash of what the Workload asks for (its annotation)."""
+    node_labels: tuple[tuple[str, str], ...] = ()
+    """The admitted flavors' nodeLabels, filled in by the reconciler (they live on the ResourceFlavors)."""
+
+    def condition(self, kind: str) -> KueueCondition | None:
+        return next((c for c in self.conditions if c.type == kind), None)
+
+    def is_true(self, kind: str) -> bool:
+        cond = self.condition(kind)
+        return cond is not None and cond.status == "True"
+
+    @property
+    def admitted(self) -> bool:
+        return self.is_true("Admitted") and not self.is_true("Evicted")
+
+    @property
+    def reserved(self) -> bool:
+        return self.is_true("QuotaReserved")
+
+
+@dataclass(frozen=True)
 class Observed:
     workers: WorkersView | None
     pods: tuple[PodView, ...] = ()
+    workload: WorkloadView | None = None
 
     @property
     def live_pods(self) -> tuple[PodView, ...]:
@@ -202,15 +245,54 @@ def workers_view(body: Mapping[str, Any] | None) -> WorkersView | None:
     )
 
 
+def workload_view(body: Mapping[str, Any]) -> WorkloadView:
+    raw = _get(body, "status", "conditions")
+    conditions = tuple(
+        KueueCondition(
+            type=str(c.get("type") or ""),
+            status=str(c.get("status") or "Unknown"),
+            reason=str(c.get("reason") or ""),
+            message=str(c.get("message") or ""),
+            time=str(c.get("lastTransitionTime") or ""),
+        )
+        for c in (raw if isinstance(raw, list) else [])
+        if isinstance(c, Mapping)
+    )
+    assignments = _get(body, "status", "admission", "podSetAssignments")
+    flavors: set[str] = set()
+    for assignment in assignments if isinstance(assignments, list) else []:
+        named = _get(assignment, "flavors")
+        if isinstance(named, Mapping):
+            flavors.update(str(f) for f in named.values() if f)
+    return WorkloadView(
+        name=str(_get(body, "metadata", "name") or ""),
+        uid=str(_get(body, "metadata", "uid") or ""),
+        resource_version=str(_get(body, "metadata", "resourceVersion") or ""),
+        owner_uid=controller_uid(body, KIND),
+        conditions=conditions,
+        flavors=tuple(sorted(flavors)),
+        spec_hash=_get(body, "metadata", "annotations", WORKLOAD_HASH_ANNOTATION),
+    )
+
+
 def observe(statefulset: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]]) -> Observed:
     return Observed(workers=workers_view(statefulset), pods=tuple(pod_view(p) for p in pods))
 
 
-def owned(job_name: str, job_uid: str, workers: Iterable[WorkersView], pods: Iterable[PodView]) -> Observed:
+def owned(
+    job_name: str,
+    job_uid: str,
+    workers: Iterable[WorkersView],
+    pods: Iterable[PodView],
+    workloads: Iterable[WorkloadView] = (),
+) -> Observed:
     """What the job controls among the labelled children the watches saw: its StatefulSet
     (named after the job and controlled by `job_uid`) and that StatefulSet's pods (controlled by its uid). A labelled
     object that is not owned is ignored for success, failure and restarts, and never deleted."""
     statefulset = next((w for w in workers if job_uid and w.owner_uid == job_uid and w.name == job_name), None)
+    workload = next((w for w in workloads if job_uid and w.owner_uid == job_uid and w.name == job_name), None)
     if statefulset is None or not statefulset.uid:
-        return Observed(workers=statefulset, pods=())
-    return Observed(workers=statefulset, pods=tuple(p for p in pods if p.owner_uid == statefulset.uid))
+        return Observed(workers=statefulset, pods=(), workload=workload)
+    return Observed(
+        workers=statefulset, pods=tuple(p for p in pods if p.owner_uid == statefulset.uid), workload=workload
+    )

@@ -29,6 +29,11 @@ GANG_RESTART = "GangRestart"
 EXPIRED = "TTLExpired"
 CHILD_CONFLICT = "ChildConflict"
 CHILD_WRITE_FAILED = "ChildWriteFailed"
+QUEUED = "Queued"
+WORKLOAD_CREATED = "WorkloadCreated"
+ADMITTED = "Admitted"
+EVICTED = "Evicted"
+WORKLOAD_CHANGED = "WorkloadChanged"
 
 
 def is_out_of_memory(term: Termination) -> bool:

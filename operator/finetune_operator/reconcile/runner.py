@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from ..api import FineTuneJob, describe
@@ -28,13 +29,15 @@ from ..plan.scheduling_policy import SchedulingPolicy
 from ..plan.storage import check_shared_storage, written_claims
 from ..render.manifests import gang_hash, render_all
 from ..render.options import RenderOptions
+from ..render.workload import priority_class_of, with_priority
 from . import metrics
 from . import reasons as R
 from .cluster_io import ChildWriteError, ClusterIO, Conflict, status_patch
 from .lifecycle import Decision, Event, PlanFailed, decide
 from .observed import Observed
 from .policies.child_write import after_write_error
-from .policies.context import parse_timestamp
+from .policies.context import parse_timestamp, timestamp
+from .policies.queueing import finished_status, released_status
 from .progress import Sample, scrape, to_progress
 from .salvage import invalid_spec_status, salvage_status
 
@@ -96,6 +99,7 @@ class Reconciler:
         self._hashes: dict[str, tuple[tuple[str, str], str]] = {}
         self._written: dict[str, str] = {}
         self._warnings: dict[str, tuple[float, str | None]] = {}
+        self._flavors: dict[str, dict[str, str]] = {}
 
     def _desired_hash(self, job: FineTuneJob, plan: PlanStatus) -> str:
         """`gang_hash`, remembered per job: it renders every config file, and each pass needs it."""
@@ -166,14 +170,16 @@ class Reconciler:
         applied = False
         if decision.plan is not None and (apply_all or self._needs_apply(job, observed, decision)):
             gang = self._desired_hash(job, decision.plan)
+            objects = render_all(
+                job, decision.plan, self.options, decision.replicas, gang, placement=decision.placement
+            )
             try:
-                self.cluster.apply(
-                    render_all(job, decision.plan, self.options, decision.replicas, gang), job.metadata.uid or ""
-                )
+                self.cluster.apply(objects, job.metadata.uid or "")
                 applied = True
             except ChildWriteError as exc:
                 log.warning("job %s/%s: %s", namespace, name, exc)
                 decision = after_write_error(job, decision, exc, datetime.now(UTC))
+        decision = self._write_workload(job, observed, decision)
         if decision.delete_pods:
             self.cluster.delete_pods(namespace, [(p.name, p.uid) for p in observed.pods if not p.deleting])
         wrote = self._write_status(fresh, decision)
@@ -188,6 +194,51 @@ class Reconciler:
         self.census.record(job.metadata.uid or "", namespace, decision.status.state)
         return Outcome(decision, wrote, applied, decision.requeue_after)
 
+    def _write_workload(self, job: FineTuneJob, observed: Observed, decision: Decision) -> Decision:
+        """Kueue's side of a queued job: create its Workload, give back an evicted one's quota,
+        mark a finished one's Workload Finished."""
+        namespace, wl = job.namespace, observed.workload
+        now = timestamp(datetime.now(UTC))
+        if decision.workload is not None and wl is None:
+            try:
+                self.cluster.apply([self._prioritised(decision.workload, job)], job.metadata.uid or "")
+            except ChildWriteError as exc:
+                log.warning("job %s/%s: %s", namespace, job.name, exc)
+                return after_write_error(job, decision, exc, datetime.now(UTC))
+        if wl is not None and decision.delete_workload:
+            self.cluster.delete_workload(namespace, wl.name, wl.uid)
+        if wl is not None and decision.release_workload:
+            self.cluster.workload_status(namespace, wl.name, wl.resource_version, released_status(wl, now))
+        if wl is not None and decision.finish_workload:
+            status = finished_status(wl, decision.finish_workload, now)
+            self.cluster.workload_status(namespace, wl.name, wl.resource_version, status)
+        return decision
+
+    def _prioritised(self, body: dict[str, Any], job: FineTuneJob) -> dict[str, Any]:
+        """The Workload with the value of the job's WorkloadPriorityClass (label `kueue.x-k8s.io/priority-class`)."""
+        priority_class = priority_class_of(job)
+        if priority_class is None:
+            return body
+        try:
+            value = self.cluster.workload_priority(priority_class)
+        except ApiException as exc:
+            raise ChildWriteError("WorkloadPriorityClass", priority_class, exc.status, str(exc.reason)) from exc
+        if value is None:
+            raise ChildWriteError("WorkloadPriorityClass", priority_class, 404, "not found: create it or fix the label")
+        return with_priority(body, priority_class, value)
+
+    def _with_flavors(self, observed: Observed) -> Observed:
+        """The admitted Workload with its flavors' nodeLabels (read from the ResourceFlavors, cached)."""
+        wl = observed.workload
+        if wl is None or not wl.admitted or not wl.flavors:
+            return observed
+        labels: dict[str, str] = {}
+        for flavor in wl.flavors:
+            if flavor not in self._flavors:
+                self._flavors[flavor] = self.cluster.flavor_node_labels(flavor)
+            labels.update(self._flavors[flavor])
+        return replace(observed, workload=replace(wl, node_labels=tuple(sorted(labels.items()))))
+
     def _decide(self, body: Mapping[str, Any], observed: Observed) -> tuple[Decision, FineTuneJob | None]:
         now = datetime.now(UTC)
         raw_status = body.get("status")
@@ -200,7 +251,7 @@ class Reconciler:
         job = job.model_copy(update={"status": status})
         namespace = job.metadata.namespace or ""
         progress = self._progress(job, observed, now)
-        observed = self._with_warnings(namespace, observed, now)
+        observed = self._with_flavors(self._with_warnings(namespace, observed, now))
         decision = decide(
             job,
             observed,
@@ -211,6 +262,7 @@ class Reconciler:
             replanner=next_frugal_plan,
             desired_config_hash=lambda plan: self._desired_hash(job, plan),
             progress=progress,
+            default_queue=self.options.default_queue_name,
         )
         return decision, job
 
@@ -264,7 +316,9 @@ class Reconciler:
     def _has_effects(self, body: Mapping[str, Any], job: FineTuneJob, observed: Observed, d: Decision) -> bool:
         old = salvage_status(body.get("status"))
         changed = _without_progress_time(d.status) != _without_progress_time(old)
-        return changed or d.delete_pods or d.delete_job or self._needs_apply(job, observed, d)
+        kueue = (d.workload is not None and observed.workload is None) or d.release_workload or d.delete_workload
+        kueue = kueue or bool(d.finish_workload)
+        return changed or kueue or d.delete_pods or d.delete_job or self._needs_apply(job, observed, d)
 
     def _needs_apply(self, job: FineTuneJob, observed: Observed, d: Decision) -> bool:
         if d.plan is None:

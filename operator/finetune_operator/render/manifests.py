@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from ..api.job import FineTuneJob
@@ -74,25 +75,32 @@ def pod_monitor(job: FineTuneJob, options: RenderOptions) -> dict[str, Any]:
 
 
 def render_all(
-    job: FineTuneJob, plan: PlanStatus, options: RenderOptions, replicas: int, gang: str | None = None
+    job: FineTuneJob,
+    plan: PlanStatus,
+    options: RenderOptions,
+    replicas: int,
+    gang: str | None = None,
+    *,
+    placement: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """ConfigMap, headless Service, StatefulSet (and PodMonitor when enabled).
 
     `gang` is `gang_hash(job, plan, options)` when the caller has it already (it renders
-    the config files and the pod template a second time).
+    the config files and the pod template a second time). `placement` is the nodeLabels of
+    the ResourceFlavors Kueue admitted the job on: they join the pods' nodeSelector.
     """
     config = config_map(job, plan)
-    objects = [
-        config,
-        headless_service(job, options),
-        statefulset(
-            job,
-            options,
-            replicas,
-            gang if gang is not None else gang_hash(job, plan, options),
-            plan.host_bytes_per_node,
-        ),
-    ]
+    workers = statefulset(
+        job,
+        options,
+        replicas,
+        gang if gang is not None else gang_hash(job, plan, options),
+        plan.host_bytes_per_node,
+    )
+    if placement:
+        pod_spec = workers["spec"]["template"]["spec"]
+        pod_spec["nodeSelector"] = {**pod_spec.get("nodeSelector", {}), **placement}
+    objects = [config, headless_service(job, options), workers]
     if options.pod_monitor:
         objects.append(pod_monitor(job, options))
     return objects

@@ -18,3 +18,5 @@ class RenderOptions:
     pod_monitor: bool = False
     run_as_user: int = 1000
     termination_grace_seconds: int = 60
+    default_queue_name: str | None = None
+    """Kueue LocalQueue for jobs that name none (None: such jobs are not queued)."""

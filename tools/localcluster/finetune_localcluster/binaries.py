@@ -17,6 +17,7 @@ K8S_VERSION = "v1.35.4"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
+KUEUE_VERSION = "v0.17.0"
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO_ROOT / "tools" / "build-kube-binaries.sh"
@@ -37,6 +38,11 @@ class Binaries:
     kwok: Path
     kwok_stages: Path
     helm: Path
+    kueue: Path
+    kueue_crds: Path
+    """Kueue's CRD yamls, from the same module version as the binary."""
+    kueue_webhooks: Path
+    """Kueue's webhook configurations (one yaml), from the same module version."""
 
     @property
     def kube_apiserver(self) -> Path:
@@ -63,10 +69,12 @@ class Binaries:
             self.etcd,
             self.kwok,
             self.helm,
+            self.kueue,
         ]
 
     def present(self) -> bool:
-        return all(os.access(p, os.X_OK) for p in self.all_files()) and self.kwok_stages.is_dir()
+        files = all(os.access(p, os.X_OK) for p in self.all_files())
+        return files and self.kwok_stages.is_dir() and self.kueue_crds.is_dir() and self.kueue_webhooks.is_file()
 
 
 def cached_binaries() -> Binaries:
@@ -77,6 +85,9 @@ def cached_binaries() -> Binaries:
         kwok=root / "kwok" / KWOK_VERSION / "bin" / "kwok",
         kwok_stages=root / "kwok" / KWOK_VERSION / "stage",
         helm=root / "helm" / HELM_VERSION / "bin" / "helm",
+        kueue=root / "kueue" / KUEUE_VERSION / "bin" / "kueue",
+        kueue_crds=root / "kueue" / KUEUE_VERSION / "crd",
+        kueue_webhooks=root / "kueue" / KUEUE_VERSION / "webhook" / "manifests.yaml",
     )
 
 

@@ -43,6 +43,7 @@ from typing import Any, Self
 import requests
 import yaml
 
+from finetune_localcluster import kueue
 from finetune_localcluster.binaries import Binaries, ensure_binaries
 from finetune_localcluster.kube import Kube, Obj
 from finetune_localcluster.pki import Pki, make_pki
@@ -151,6 +152,7 @@ class LocalCluster:
         keep_workdir: bool = False,
         binaries: Binaries | None = None,
         startup_timeout_s: float = 120.0,
+        kueue: bool = False,
     ) -> None:
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ftjob-cluster-"))
         self.gpu_nodes = gpu_nodes
@@ -162,6 +164,7 @@ class LocalCluster:
         self.keep_workdir = keep_workdir
         self.binaries = binaries
         self.timeout = startup_timeout_s
+        self.kueue = kueue
         self.procs: list[dict[str, Any]] = []
         self._popens: dict[int, subprocess.Popen[bytes]] = {}
         self.server = ""
@@ -346,6 +349,8 @@ class LocalCluster:
                 ]
                 self._start(name, argv + (["--taint"] if self.taint_process_nodes else []))
             self._wait("nodes Ready", lambda: self._nodes_ready(kube, kwok_names + process_names), None)
+            if self.kueue:
+                self._start_kueue(bins, kube)
         finally:
             kube.close()
         self._save_state()
@@ -365,6 +370,29 @@ class LocalCluster:
                 "--node-lease-duration-seconds=40",
             ],
         )
+
+    def _start_kueue(self, bins: Binaries, kube: Kube) -> None:
+        """Kueue's CRDs and webhooks, then its controller (see `kueue.py` for how webhooks reach it)."""
+        port = free_port()
+        host = kueue.install(kube, bins, port)
+        workdir = self.workdir / "kueue"
+        workdir.mkdir(exist_ok=True)
+        health = free_port()
+        config = kueue.configuration(
+            host, port, workdir, health_port=health, metrics_port=free_port(), visibility_port=free_port()
+        )
+        (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+        proc = self._start(
+            "kueue",
+            [
+                str(bins.kueue),
+                f"--config={workdir / 'config.yaml'}",
+                f"--kubeconfig={self.kubeconfig}",
+            ],
+        )
+        self._wait("kueue's webhook certs", lambda: kueue.mount_certs(kube, workdir / "certs"), proc)
+        self._wait("kueue /readyz", lambda: _get(f"http://127.0.0.1:{health}/readyz").ok, proc)
+        self._wait("kueue webhooks", lambda: kueue.admits_objects(kube), proc)
 
     def _nodes_ready(self, kube: Kube, names: list[str]) -> bool:
         for proc in self.procs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from ...api.job import FineTuneJob
 from ...api.spec import FineTuneJobSpec
@@ -45,6 +46,17 @@ class Decision:
     delete_job: bool = False
     requeue_after: float | None = None
     events: list[Event] = field(default_factory=list)
+    workload: dict[str, Any] | None = None
+    """A Kueue Workload to create (the job is queued and has none yet)."""
+    release_workload: bool = False
+    """The evicted gang has stopped: give the Workload's quota reservation back to Kueue."""
+    delete_workload: bool = False
+    """Delete the job's Workload, its gang being stopped: its size or requests changed (a new one is
+    made), or the job is suspended (its quota goes back; resuming queues it again)."""
+    finish_workload: str | None = None
+    """The job ended (Succeeded|Failed): mark its Workload Finished."""
+    placement: dict[str, str] = field(default_factory=dict)
+    """nodeLabels of the ResourceFlavors Kueue admitted the job on, for the pods' nodeSelector."""
 
 
 def timestamp(now: datetime) -> str:
@@ -141,6 +153,8 @@ class Context:
     desired_config_hash: Callable[[PlanStatus], str]
     progress: Progress | None
     status: StatusBuilder
+    queue: str | None = None
+    """The Kueue LocalQueue the job waits in (None: the job is not queued)."""
     plan: PlanStatus | None = None
     """Set by the planning policy: the strategy in force."""
     started: datetime | None = None
@@ -150,6 +164,8 @@ class Context:
     pods: tuple[PodView, ...] = ()
     """Set by the gang policy: the live pods of the current gang."""
     ready: int = 0
+    placement: dict[str, str] = field(default_factory=dict)
+    """Set by the queueing policy: the admitted flavors' nodeLabels."""
     decision: Decision | None = None
     """Set by the gang policy: what the worker policies refine."""
 
