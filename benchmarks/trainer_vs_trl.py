@@ -112,6 +112,7 @@ def run_ours(work: Path, job: dict[str, Any]) -> dict[str, float]:
         "seconds": seconds,
         "tokens_per_s": steps[-1]["tokens"] / seconds,
         "final_loss": steps[-1]["loss"],
+        "mean_loss": sum(s["loss"] for s in steps) / len(steps),
     }
     if evals:
         result.update({k: evals[-1][k] for k in ("eval_loss", "exact_match") if k in evals[-1]})
@@ -201,6 +202,20 @@ def write_data(work: Path, model_dir: Path) -> dict[str, Path]:
     return {"alpaca": ours, "trl": trl, "skewed": skewed}
 
 
+def score_adapter(model: str, adapter: Path, eval_data: Path) -> dict[str, float]:
+    """Our saved adapter on the base model, scored by the TRL baseline's own function (same
+    prompts, same greedy decoding), so the two rows compare like with like."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from trainer_trl_baseline import evaluate
+
+    base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    return evaluate(PeftModel.from_pretrained(base, str(adapter)), AutoTokenizer.from_pretrained(model), str(eval_data))
+
+
 def run_smollm2(work: Path, steps: int, micro: int, cache: Path, skip_trl: bool) -> int:
     """Both trainers on the real model and the made-up code, the same held-out prompts scored."""
     from transformers import AutoTokenizer
@@ -228,13 +243,15 @@ def run_smollm2(work: Path, steps: int, micro: int, cache: Path, skip_trl: bool)
     job["spec"]["dataset"]["validationSplit"] = fraction
     job["spec"]["training"].update({"learningRate": 0.002, "evalEverySteps": steps, "seed": seed})
     ours = run_ours(work, job)
+    ours.update(score_adapter(model, work / "out-smollm2" / "adapter", trl_eval))
     theirs = None if skip_trl else run_trl(work, model, trl_train, job, trl_eval)
     print(f"\nSmolLM2-135M-Instruct, secret-code, LoRA r=16, {steps} steps x {2 * micro} sequences, 2 CPU ranks")
-    print(f"{'':12} {'useful tok/s':>12} {'train loss':>10} {'eval loss':>9} {'exact match':>11}")
+    print(f"{len(val_idx)} held-out prompts; both sides scored by the same function (trainer_trl_baseline.evaluate)")
+    print(f"{'':12} {'useful tok/s':>12} {'mean train loss':>15} {'eval loss':>9} {'exact match':>11}")
     for name, row in (("ftjob", ours), ("TRL", theirs)):
         if row:
             print(
-                f"{name:12} {row['tokens_per_s']:12.0f} {row['final_loss']:10.4f} "
+                f"{name:12} {row['tokens_per_s']:12.0f} {row.get('mean_loss', row['final_loss']):15.4f} "
                 f"{row.get('eval_loss', float('nan')):9.4f} {row.get('exact_match', float('nan')):11.1%}"
             )
     if theirs:
