@@ -114,6 +114,7 @@ def test_wire_round_trip_is_exact() -> None:
         ({"output": {"uri": "s3://bucket"}}, "spec.output.uri: invalid value 's3://bucket': must be pvc://"),
         ({"env": [{"name": "WORLD_SIZE", "value": "4"}]}, "spec.env[0].name: this name is reserved"),
         ({"env": [{"name": "A"}]}, "spec.env[0]: set exactly one of value and valueFrom"),
+        ({"env": [{"name": "A", "value": "x" * 4097}]}, "spec.env[0].value: "),
         ({"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}, "spec.env: env names must be unique"),
         ({"env": [{"name": "1BAD", "value": "x"}]}, "spec.env[0].name: invalid value '1BAD': must be a C identifier"),
         ({"training": {"sead": 1}}, "spec.training.sead: unknown field (allowed: checkpointEverySteps"),

@@ -272,3 +272,12 @@ def test_every_env_name_the_operator_sets_is_reserved_or_a_default_users_may_ove
     assert "FTJOB_PREFETCH_MODEL" in names and "DS_ACCELERATOR" in names
     assert sorted(n for n in names if n not in overridable and n not in RESERVED_ENV) == []
     assert len(names) == len(set(names))
+
+
+def test_the_largest_env_the_api_admits_renders_children_under_a_mebibyte() -> None:
+    """32 KiB env values once made the ConfigMap exceed etcd's 1 MiB and the job got no status."""
+    from finetune_operator.api.spec import MAX_ENV_VALUE, MAX_ENV_VARS
+
+    j = job(env=[{"name": f"V{i}", "value": "x" * MAX_ENV_VALUE} for i in range(MAX_ENV_VARS)])
+    sizes = {o["kind"]: len(json.dumps(o)) for o in render_all(j, fixed_plan(j.spec), OPTIONS, 2)}
+    assert max(sizes.values()) < 1024 * 1024, sizes

@@ -77,6 +77,10 @@ PATTERN_HINTS: dict[str, str] = {
 }
 """Readable explanations of the regular expressions users are most likely to trip on."""
 
+MAX_ENV_VARS = 64
+MAX_ENV_VALUE = 4096
+"""Bounds of spec.env: all of it fits the StatefulSet and ConfigMap under etcd's 1 MiB."""
+
 RESERVED_ENV = (
     "MASTER_ADDR",
     "MASTER_PORT",
@@ -619,7 +623,11 @@ class EnvVar(RuledModel):
     """An environment variable for the trainer container."""
 
     name: Annotated[str, Field(min_length=1, max_length=128, pattern=ENV_NAME_PATTERN)]
-    value: Annotated[str, Field(max_length=32768)] | None = None
+    value: Annotated[str, Field(max_length=MAX_ENV_VALUE)] | None = Field(
+        default=None,
+        description="At most 4 KiB (64 of them fit the StatefulSet and ConfigMap the operator writes; "
+        "32 KiB values once made the ConfigMap exceed 1 MiB and the job was left without status).",
+    )
     value_from: EnvSource | None = None
 
     __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (
@@ -666,7 +674,7 @@ class FineTuneJobSpec(RuledModel):
     image: Annotated[str, Field(max_length=512, pattern=r"^[^\s]+$")] | None = Field(
         default=None, description="Trainer image; defaults to the operator's configured trainer image."
     )
-    env: Annotated[list[EnvVar], Field(max_length=64)] | None = Field(
+    env: Annotated[list[EnvVar], Field(max_length=MAX_ENV_VARS)] | None = Field(
         default=None, description="Extra environment for the trainer (secrets only via valueFrom.secretKeyRef)."
     )
     hf_token_secret_ref: SecretKeyRef | None = Field(
