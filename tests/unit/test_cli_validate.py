@@ -52,6 +52,14 @@ def test_multi_document_files_skip_other_kinds(tmp_path: Path, capsys: pytest.Ca
     assert "llama3-8b-lora: valid" in out
 
 
+def _validate_bytes(tmp_path: Path, content: bytes, capsys: pytest.CaptureFixture[str]) -> tuple[Path, str]:
+    """`ftjob validate` on a file of these bytes: it must fail; returns the file and stderr."""
+    path = tmp_path / "x.yaml"
+    path.write_bytes(content)
+    assert main(["validate", str(path)]) == 1
+    return path, capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
@@ -67,10 +75,7 @@ def test_multi_document_files_skip_other_kinds(tmp_path: Path, capsys: pytest.Ca
 def test_bad_files_get_a_message_not_a_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, expected: str
 ) -> None:
-    path = tmp_path / "x.yaml"
-    path.write_text(content)
-    assert main(["validate", str(path)]) == 1
-    err = capsys.readouterr().err
+    _, err = _validate_bytes(tmp_path, content.encode(), capsys)
     assert expected in err and "Traceback" not in err
 
 
@@ -165,10 +170,8 @@ JOB_HEAD = "apiVersion: finetune.dev/v1alpha1\nkind: FineTuneJob\nmetadata: {nam
 def test_validate_is_total_one_line_and_no_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, expected: str
 ) -> None:
-    path = tmp_path / "hostile.yaml"
-    path.write_bytes(content)
-    assert main(["validate", str(path)]) == 1
-    (line,) = capsys.readouterr().err.splitlines()
+    path, err = _validate_bytes(tmp_path, content, capsys)
+    (line,) = err.splitlines()
     assert line.startswith(f"{path}: ") and expected in line, line
 
 
