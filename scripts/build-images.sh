@@ -16,6 +16,8 @@
 #   FTJOB_TRAINER_TORCH  pip spec of torch for the trainer image (default: the Dockerfile's CUDA 12 pin)
 #   FTJOB_TRAINER_TORCH_INDEX  index of that torch (default: PyPI)
 #   FTJOB_SUMMARY_FILE   also write the summary lines (name, size, seconds) to this file
+#   FTJOB_IMAGE_MIN_FREE_GB  free disk the trainer build needs (default 30: its build stage, its
+#                        final rootfs, the layer blob and the committed image are ~8 GB each)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +33,9 @@ BASE_IMAGE="localhost/finetune-base:$SUITE-python3-v2"
 OPERATOR_IMAGE="localhost/finetune-operator:$TAG"
 TRAINER_IMAGE="localhost/finetune-trainer:$TAG"
 export BUILDAH_ISOLATION=chroot
+# buildah stages each layer blob (~8 GB for the trainer) under TMPDIR and leaves it behind when
+# the build is killed; a private directory, emptied at start and at exit, never accumulates them.
+BUILD_TMP="$CACHE_DIR/images/tmp"
 
 log() { printf '\033[1m[build-images]\033[0m %s\n' "$*"; }
 die() { printf '\033[1;31m[build-images]\033[0m %s\n' "$*" >&2; exit 1; }
@@ -40,6 +45,12 @@ targets=("$@")
 for t in "${targets[@]}"; do
   [[ $t == operator || $t == trainer ]] || die "unknown image '$t' (operator, trainer)"
 done
+
+free_gb() {  # free GB on the filesystem holding $1 (its nearest existing parent)
+  local dir=$1
+  while [[ ! -e $dir ]]; do dir=$(dirname "$dir"); done
+  df -P -k "$dir" | awk 'NR == 2 { printf "%d", $4 / 1048576 }'
+}
 
 # 1. Tools: buildah and debootstrap from Debian when missing.
 missing=()
@@ -136,8 +147,29 @@ print("trainer imports ok: torch", torch.__version__, "deepspeed", deepspeed.__v
 prune() {
   buildah rm --all >/dev/null 2>&1 || true
   buildah rmi --prune >/dev/null 2>&1 || true
+  rm -rf "$BUILD_TMP"
 }
 prune
+trap prune EXIT
+mkdir -p "$BUILD_TMP"
+export TMPDIR=$BUILD_TMP
+
+# The store keeps the last build of each tag until the new one is committed: drop it first, so
+# the peak is one trainer image, not two. Then say plainly when the disk is too small, instead of
+# failing with ENOSPC in the middle of a commit.
+for t in "${targets[@]}"; do
+  image=$OPERATOR_IMAGE
+  [[ $t == trainer ]] && image=$TRAINER_IMAGE
+  buildah rmi --force "$image" >/dev/null 2>&1 || true
+done
+if [[ " ${targets[*]} " == *" trainer "* ]]; then
+  need=${FTJOB_IMAGE_MIN_FREE_GB:-30}
+  store=$(buildah info --format '{{.store.GraphRoot}}' 2>/dev/null || echo /var/lib/containers/storage)
+  for dir in "$store" "$BUILD_TMP"; do
+    have=$(free_gb "$dir")
+    ((have >= need)) || die "the trainer image needs ~$need GB free for $dir; the disk has $have GB (free space, or set FTJOB_IMAGE_MIN_FREE_GB)"
+  done
+fi
 
 for t in "${targets[@]}"; do
   case $t in

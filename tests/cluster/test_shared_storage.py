@@ -111,3 +111,7 @@ def test_the_newest_warning_event_of_a_pod_is_read_by_its_uid(kube: Kube, namesp
     assert io.pod_warning(namespace, stuck["metadata"]["uid"]) == (
         'FailedAttachVolume: Multi-Attach error for volume "pvc-1"'
     )
+    # Bound to a node that does not exist, no kubelet confirms their deletion: only the pod
+    # garbage collector would remove them (~40 s quarantine, longer under load). Force them.
+    for pod in (stuck, other):
+        kube.delete(f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}", {"gracePeriodSeconds": 0})
