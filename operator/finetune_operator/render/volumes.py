@@ -8,6 +8,8 @@ output data outlives the job.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any
 
 from ..api.job import FineTuneJob
@@ -17,6 +19,26 @@ PVC_ROOT = "/mnt/pvc"
 SHM_SIZE = "8Gi"
 MODEL_CACHE_DIR = "/var/cache/ftjob"
 """Where a hub model is downloaded (HF_HOME below it), once per pod before the ranks start."""
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_MAX_LABEL = 63
+
+
+def claim_volume_name(claim: str) -> str:
+    """The pod volume of a claim: a DNS label (<= 63 characters, no dots, no trailing '-').
+
+    Claim names are DNS subdomains of up to 253 characters, so `pvc-<claim>` is used only when
+    it is already a valid label; otherwise the readable part is cut and a hash of the whole
+    claim name keeps two long claims that share a prefix apart.
+    """
+    plain = f"pvc-{claim}"
+    if len(plain) <= _MAX_LABEL and _DNS_LABEL.fullmatch(plain):
+        return plain
+    digest = hashlib.sha256(claim.encode()).hexdigest()[:10]
+    readable = re.sub(r"[^a-z0-9-]", "-", claim.lower())[: _MAX_LABEL - len("pvc--") - len(digest)]
+    readable = readable.strip("-")
+    return f"pvc-{readable}-{digest}" if readable else f"pvc-{digest}"
 
 
 def claim_of(uri: str) -> str | None:
@@ -69,8 +91,9 @@ def claims(job: FineTuneJob) -> dict[str, bool]:
         claim = claim_of(uri)
         if claim is not None:
             out[claim] = out.get(claim, True) and read_only
-    if spec.model.tokenizer and (claim := claim_of(spec.model.tokenizer)):
-        out.setdefault(claim, True)
+    for extra in (spec.model.tokenizer, spec.dataset.validation_uri):
+        if extra and (claim := claim_of(extra)):
+            out.setdefault(claim, True)
     return out
 
 
@@ -81,7 +104,7 @@ def volumes(job: FineTuneJob, config_map: str) -> list[dict[str, Any]]:
     ]
     for claim, read_only in sorted(claims(job).items()):
         result.append(
-            {"name": f"pvc-{claim}"[:63], "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}}
+            {"name": claim_volume_name(claim), "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}}
         )
     if job.spec.deepspeed.nvme_path:
         result.append({"name": "nvme", "emptyDir": {}})
@@ -97,7 +120,7 @@ def volume_mounts(job: FineTuneJob, config_dir: str) -> list[dict[str, Any]]:
         {"name": "shm", "mountPath": "/dev/shm"},
     ]
     for claim, read_only in sorted(claims(job).items()):
-        result.append({"name": f"pvc-{claim}"[:63], "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": read_only})
+        result.append({"name": claim_volume_name(claim), "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": read_only})
     if job.spec.deepspeed.nvme_path:
         result.append({"name": "nvme", "mountPath": job.spec.deepspeed.nvme_path})
     if is_hub_model(job.spec.model.uri):
