@@ -15,10 +15,12 @@ import yaml
 from pydantic import ValidationError
 
 from ..api import FineTuneJob, describe, is_finetunejob
+from .apiserver_view import as_stored, metadata_problems
 
 
 class _Yaml12Loader(yaml.SafeLoader):
-    """PyYAML speaks YAML 1.1, where `2e-4` is a string; kubectl reads it as a float."""
+    """PyYAML speaks YAML 1.1, where `2e-4` and `0o17` are strings; kubectl reads a float and
+    the integer 15 (Go's integer syntax)."""
 
 
 _Yaml12Loader.add_implicit_resolver(
@@ -26,6 +28,7 @@ _Yaml12Loader.add_implicit_resolver(
     re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$"),
     list("-+0123456789."),
 )
+_Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?0o[0-7_]+$"), list("-+0"))
 
 
 MAX_FILE_BYTES = 3 * 1024 * 1024
@@ -149,8 +152,12 @@ def load_jobs(path: str) -> Loaded:
             else:
                 out.skipped.append(f"{_where(path, index, doc)}: {doc.get('kind', 'unknown kind')} (not a FineTuneJob)")
             continue
+        refused = metadata_problems(doc)
+        if refused:
+            out.problems.extend(f"{_where(path, index, doc)}: {line}" for line in refused)
+            continue
         try:
-            out.jobs.append(FineTuneJob.from_manifest(doc))
+            out.jobs.append(FineTuneJob.from_manifest(as_stored(doc)))
         except ValidationError as exc:
             out.problems.extend(f"{_where(path, index, doc)}: {line}" for line in describe(exc, FineTuneJob))
     return out

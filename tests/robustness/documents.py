@@ -1,0 +1,162 @@
+"""Generated FineTuneJob documents: a valid job with one to three random mutations each.
+
+Deterministic for a seed. The mutations are what careless or hostile users write: wrong types,
+nulls, integral floats, Go/YAML integer spellings, out-of-range numbers, huge and odd strings,
+paths out of a claim, unknown fields, deep nesting, bad labels and names.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any
+
+BASE: dict[str, Any] = {
+    "apiVersion": "finetune.dev/v1alpha1",
+    "kind": "FineTuneJob",
+    "metadata": {"name": "fuzz", "labels": {"team": "ml"}},
+    "spec": {
+        "model": {"uri": "builtin://tiny-llama"},
+        "dataset": {"uri": "builtin://reverse-words", "format": "messages", "maxSeqLength": 64,
+                    "validationSplit": 0.02},
+        "method": {"type": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}},
+        "training": {"maxSteps": 10, "microBatchSize": 2, "globalBatchSize": 4, "learningRate": 0.001,
+                     "checkpointEverySteps": 5, "seed": 42},
+        "resources": {"numNodes": 2, "gpusPerNode": 1, "gpuMemory": "80Gi"},
+        "deepspeed": {"zeroStage": 2},
+        "output": {"uri": "pvc://out/fuzz"},
+    },
+}  # fmt: skip
+
+PATHS: list[tuple[str, ...]] = [
+    ("metadata", "name"),
+    ("spec", "model", "uri"),
+    ("spec", "model", "architecture"),
+    ("spec", "model", "revision"),
+    ("spec", "model", "trustRemoteCode"),
+    ("spec", "model", "cache", "size"),
+    ("spec", "dataset", "uri"),
+    ("spec", "dataset", "format"),
+    ("spec", "dataset", "maxSeqLength"),
+    ("spec", "dataset", "validationSplit"),
+    ("spec", "dataset", "validationUri"),
+    ("spec", "dataset", "packing"),
+    ("spec", "method"),
+    ("spec", "method", "type"),
+    ("spec", "method", "lora", "r"),
+    ("spec", "method", "lora", "alpha"),
+    ("spec", "method", "lora", "dropout"),
+    ("spec", "method", "lora", "targetModules"),
+    ("spec", "method", "qlora", "quantType"),
+    ("spec", "training"),
+    ("spec", "training", "maxSteps"),
+    ("spec", "training", "epochs"),
+    ("spec", "training", "microBatchSize"),
+    ("spec", "training", "globalBatchSize"),
+    ("spec", "training", "learningRate"),
+    ("spec", "training", "warmupRatio"),
+    ("spec", "training", "warmupSteps"),
+    ("spec", "training", "precision"),
+    ("spec", "training", "seed"),
+    ("spec", "training", "checkpointEverySteps"),
+    ("spec", "training", "gradientCheckpointing"),
+    ("spec", "resources", "numNodes"),
+    ("spec", "resources", "gpusPerNode"),
+    ("spec", "resources", "gpuMemory"),
+    ("spec", "resources", "cpu"),
+    ("spec", "resources", "memory"),
+    ("spec", "resources", "nodeSelector"),
+    ("spec", "resources", "tolerations"),
+    ("spec", "resources", "priorityClassName"),
+    ("spec", "deepspeed", "zeroStage"),
+    ("spec", "deepspeed", "offloadOptimizer"),
+    ("spec", "deepspeed", "nvmePath"),
+    ("spec", "deepspeed", "overrides"),
+    ("spec", "output", "uri"),
+    ("spec", "image"),
+    ("spec", "env"),
+    ("spec", "suspend"),
+    ("spec", "queueName"),
+    ("spec", "failurePolicy", "backoffLimit"),
+    ("spec", "activeDeadlineSeconds"),
+]
+
+
+def _deep(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _value(rng: random.Random) -> Any:
+    pool: list[Any] = [
+        None, True, False, 0, 1, -1, 2, 3, 8, 42.0, 2.5, 0.5, 1e-4, 2**31, 2**63 + 1, 10**30, -(10**20),
+        "", "auto", "abc", "0", "1", "80Gi", "500m", "1e3", "24Gi", "16Gi", "x" * 300, "x" * 5000,
+        "lora", "qlora", "full", "cpu", "nvme", "none", "bf16", "fp8", "true", "messages", "alpaca",
+        "pvc://out/../../x", "pvc://data/train.jsonl", "pvc://other/val.jsonl", "/etc/ftjob", "/dev/shm",
+        "/", "/mnt/nvme", "file:///etc/passwd", "org/model", "hf://org/model", "builtin://tiny-llama",
+        "s3://bucket/x", "UPPER", "bad value!", "a.b", "-lead", "trail-", "ünïcode", "line\nbreak",
+        [], [1, 2], ["q_proj", "v_proj"], {}, {"a": 1}, {"zero_optimization": "off"},
+        {"train_micro_batch_size_per_gpu": 4}, {"gradient_clipping": 1.0}, {"bfloat16": {"enabled": True}},
+        {"kubernetes.io/hostname": "n1"}, {"bad key!": "x"}, {"team": "bad value!"},
+        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}], [{"operator": "Exists"}],
+        [{"name": "FOO", "value": "bar"}], [{"name": "DS_ACCELERATOR", "value": "cuda"}],
+        [{"name": "1BAD", "value": "x"}], _deep(20), _deep(70),
+    ]  # fmt: skip
+    return copy.deepcopy(rng.choice(pool))
+
+
+def _set(doc: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    node: Any = doc
+    for key in path[:-1]:
+        if not isinstance(node.get(key), dict):
+            node[key] = {}
+        node = node[key]
+    node[path[-1]] = value
+
+
+def _delete(doc: dict[str, Any], path: tuple[str, ...]) -> None:
+    node: Any = doc
+    for key in path[:-1]:
+        node = node.get(key)
+        if not isinstance(node, dict):
+            return
+    node.pop(path[-1], None)
+
+
+def _mutate(doc: dict[str, Any], rng: random.Random) -> str:
+    kind = rng.choices(["set", "delete", "unknown", "label", "annotation"], weights=[70, 12, 6, 8, 4])[0]
+    if kind == "set":
+        path = rng.choice(PATHS)
+        value = _value(rng)
+        _set(doc, path, value)
+        return f"{'.'.join(path)}={value!r:.60}"
+    if kind == "delete":
+        path = rng.choice(PATHS)
+        _delete(doc, path)
+        return f"delete {'.'.join(path)}"
+    if kind == "unknown":
+        section = rng.choice(["spec", "spec.training", "spec.model", "spec.resources"])
+        node = doc
+        for key in section.split("."):
+            node = node.setdefault(key, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node["surprise"] = 1
+        return f"unknown field in {section}"
+    where = "labels" if kind == "label" else "annotations"
+    key = rng.choice(["team", "example.com/owner", "bad key!", "a" * 64, "x/" + "b" * 10, "-x"])
+    value = rng.choice(["ml", "", "bad value!", "v" * 64, "v" * 63, 5, "ok-1.2_3"])
+    doc["metadata"].setdefault(where, {})[key] = value
+    return f"metadata.{where}[{key!r:.20}]={value!r:.20}"
+
+
+def generate(count: int, seed: int = 1) -> list[tuple[str, dict[str, Any]]]:
+    """`count` documents as (what was mutated, document)."""
+    rng = random.Random(seed)
+    out: list[tuple[str, dict[str, Any]]] = []
+    for _ in range(count):
+        doc = copy.deepcopy(BASE)
+        changes = [_mutate(doc, rng) for _ in range(rng.choice([1, 1, 1, 2, 3]))]
+        out.append(("; ".join(changes), doc))
+    return out
