@@ -17,7 +17,7 @@ import pytest
 
 from finetune_localcluster import Kube, LocalCluster
 from finetune_localcluster.binaries import ensure_binaries
-from finetune_localcluster.devtools import install_crd
+from finetune_localcluster.devtools import OperatorProcess, install_crd
 
 HERE = Path(__file__).parent
 TIMEOUT_S = 600
@@ -56,3 +56,13 @@ def robust_kube(robust_cluster: LocalCluster) -> Iterator[Kube]:
     install_crd(client)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="package")
+def robust_operator(
+    robust_cluster: LocalCluster, robust_kube: Kube, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(robust_cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
+    process.start()
+    yield process
+    process.stop()

@@ -9,7 +9,7 @@ import pytest
 
 from finetune_operator.plan import DoesNotFitError, ModelConfigNotFoundError, UnknownArchitectureError, plan_job
 from finetune_operator.plan.errors import PlanningError
-from finetune_operator.plan.model_source import resolve_reference
+from finetune_operator.plan.model_source import resolve_model, resolve_reference
 from tests.factories import make_job
 
 
@@ -61,8 +61,19 @@ def test_missing_config_json_says_what_to_do(tmp_path: Path) -> None:
 
 
 def test_unknown_hub_model_lists_the_catalogue() -> None:
-    with pytest.raises(UnknownArchitectureError, match=r"not in the planner's catalogue \(.*llama-2-7b"):
+    with pytest.raises(
+        UnknownArchitectureError, match=r"^spec\.model\.uri: .*not in the planner's catalogue \(.*llama-2-7b"
+    ):
         plan_job(make_job(model={"uri": "someone/unknown-model"}).spec)
+
+
+def test_an_unknown_architecture_names_the_architecture_field_and_the_operator_offers_no_local_path() -> None:
+    model = make_job(model={"uri": "someone/unknown-model", "architecture": "UPPER"}).spec.model
+    with pytest.raises(UnknownArchitectureError, match=r"^spec\.model\.architecture: 'UPPER' is not") as caught:
+        resolve_model(model, local_files=False)
+    assert "path" not in str(caught.value).split(";")[-1]
+    with pytest.raises(UnknownArchitectureError, match=r"or to an absolute path with config\.json"):
+        resolve_model(model)
 
 
 def test_pvc_model_without_architecture_explains_the_fix() -> None:

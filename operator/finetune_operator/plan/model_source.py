@@ -95,22 +95,25 @@ def _from_directory(path_text: str) -> ModelSource:
     return ModelSource(name=str(path), config=_public_keys(raw), origin=str(config_path))
 
 
-def resolve_reference(reference: str) -> ModelSource:
-    """A catalogue name, hub id (`org/name`, `hf://org/name`), `builtin://...` or absolute path."""
+def resolve_reference(reference: str, field: str = "model", local_files: bool = True) -> ModelSource:
+    """A catalogue name, hub id (`org/name`, `hf://org/name`), `builtin://...` or absolute path.
+
+    `field` names where the reference came from in messages (e.g. `spec.model.architecture`).
+    """
     local = reference.removeprefix("file://")
     if local.startswith("/"):
         return _from_directory(local)
     found = _from_catalogue(reference)
     if found is not None:
         return found
+    elsewhere = " or to an absolute path with config.json" if local_files else ""
     hint = (
-        "the operator cannot read pvc:// volumes while planning: set model.architecture to a catalogue name "
-        "or to an absolute path with config.json"
+        f"the operator cannot read pvc:// volumes while planning: set model.architecture to a catalogue name{elsewhere}"
         if reference.startswith("pvc://")
-        else "set model.architecture to one of the catalogue names or to a local directory with config.json"
+        else f"set model.architecture to one of the catalogue names{elsewhere}"
     )
     raise UnknownArchitectureError(
-        f"model {reference!r} is not in the planner's catalogue ({', '.join(catalogue_entries())}); {hint}"
+        f"{field}: {reference!r} is not in the planner's catalogue ({', '.join(catalogue_entries())}); {hint}"
     )
 
 
@@ -123,10 +126,11 @@ def resolve_model(model: ModelSpec, local_files: bool = True) -> ModelSource:
     `ftjob plan` and `ftjob run` read it: the trainer runs on the same machine.
     """
     reference = model.architecture or model.uri
+    field = "spec.model.architecture" if model.architecture else "spec.model.uri"
     if not local_files and reference.removeprefix("file://").startswith("/"):
         raise UnknownArchitectureError(
-            f"spec.model.uri {model.uri!r} is a path inside the trainer pods, which the operator cannot read "
+            f"{field}: {reference!r} is a path inside the trainer pods, which the operator cannot read "
             "while planning: set spec.model.architecture to a catalogue name "
             f"({', '.join(catalogue_entries())}) or a hub id the catalogue knows"
         )
-    return resolve_reference(reference)
+    return resolve_reference(reference, field, local_files)
