@@ -16,8 +16,8 @@
 #   FTJOB_TRAINER_TORCH  pip spec of torch for the trainer image (default: the Dockerfile's CUDA 12 pin)
 #   FTJOB_TRAINER_TORCH_INDEX  index of that torch (default: PyPI)
 #   FTJOB_SUMMARY_FILE   also write the summary lines (name, size, seconds) to this file
-#   FTJOB_IMAGE_MIN_FREE_GB  free disk the trainer build needs (default 30: its build stage, its
-#                        final rootfs, the layer blob and the committed image are ~8 GB each)
+#   FTJOB_IMAGE_MIN_FREE_GB  free disk the trainer build needs (default 32: measured peak 30 GB
+#                        above the start: its rootfs, the layer blob being committed and the image)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -163,7 +163,7 @@ for t in "${targets[@]}"; do
   buildah rmi --force "$image" >/dev/null 2>&1 || true
 done
 if [[ " ${targets[*]} " == *" trainer "* ]]; then
-  need=${FTJOB_IMAGE_MIN_FREE_GB:-30}
+  need=${FTJOB_IMAGE_MIN_FREE_GB:-32}
   store=$(buildah info --format '{{.store.GraphRoot}}' 2>/dev/null || echo /var/lib/containers/storage)
   for dir in "$store" "$BUILD_TMP"; do
     have=$(free_gb "$dir")
