@@ -180,9 +180,13 @@ class Reconciler:
                 log.warning("job %s/%s: %s", namespace, name, exc)
                 decision = after_write_error(job, decision, exc, datetime.now(UTC))
         decision = self._write_workload(job, observed, decision)
-        if decision.delete_pods:
-            self.cluster.delete_pods(namespace, [(p.name, p.uid) for p in observed.pods if not p.deleting])
+        # The status (the counted failure, its fingerprint, the new plan) is written before the
+        # failed pods are deleted: an operator killed in between then finds the same failure
+        # already counted and only deletes, instead of finding new pods and no trace of it.
+        unchanged = (fresh.get("status") or {}) == decision.status.to_wire()
         wrote = self._write_status(fresh, decision)
+        if decision.delete_pods and (wrote or unchanged):
+            self.cluster.delete_pods(namespace, [(p.name, p.uid) for p in observed.pods if not p.deleting])
         if wrote:
             for event in decision.events:
                 self._count(namespace, event)

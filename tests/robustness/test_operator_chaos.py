@@ -1,0 +1,161 @@
+"""50 job lifecycles while the operator is SIGKILLed and restarted at random moments.
+
+Each job is created, runs on the kwok GPU nodes, loses a rank once (a gang restart), then
+finishes (every rank exits 0 with the trainer's summary, reported as a kubelet would). A chaos
+thread kills the operator with SIGKILL 2-10 s after each start and starts it again. Every job must reach
+Succeeded, its restart count must never go down, no job may ever have two children of a kind,
+and once the jobs are deleted no child is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from finetune_localcluster import Kube, wait_for
+from finetune_localcluster.devtools import OperatorProcess
+from tests.cluster.operator_harness import Jobs
+
+LIFECYCLES = 50
+WAVE = 8  # 2 pods x 1 GPU each: 8 jobs fill the two 8-GPU kwok nodes
+STEP_S = 120.0
+CHILDREN = {
+    "statefulsets": "/apis/apps/v1/namespaces/{ns}/statefulsets",
+    "services": "/api/v1/namespaces/{ns}/services",
+    "configmaps": "/api/v1/namespaces/{ns}/configmaps",
+}
+SUMMARY = {"finalLoss": 0.5, "steps": 10, "tokens": 1000, "adapterUri": "/output/job/adapter"}
+
+
+class Chaos:
+    """SIGKILL and restart the operator at random moments until stopped."""
+
+    def __init__(self, operator: OperatorProcess, seed: int) -> None:
+        self.operator, self.rng = operator, random.Random(seed)
+        self.kills = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.rng.uniform(2.0, 10.0)):
+            proc = self.operator.proc
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=30)
+                self.kills += 1
+            elif proc is not None and proc.returncode not in (-signal.SIGKILL, 0):
+                self.errors.append(f"the operator exited by itself with {proc.returncode}")
+            try:
+                self.operator.start()
+            except Exception as exc:
+                self.errors.append(f"restart failed: {exc}")
+
+    def __enter__(self) -> Chaos:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=120)
+        if self.operator.proc is None or self.operator.proc.poll() is not None:
+            self.operator.start()
+
+
+@pytest.fixture
+def chaos_namespace(robust_kube: Kube) -> Iterator[str]:
+    name = "chaos"
+    robust_kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    yield name
+    robust_kube.delete(f"/api/v1/namespaces/{name}")
+
+
+def _children(kube: Kube, ns: str, job: str) -> dict[str, int]:
+    counts = {}
+    for kind, path in CHILDREN.items():
+        items = kube.items(path.format(ns=ns), labelSelector=f"finetune.dev/job-name={job}")
+        counts[kind] = len([i for i in items if not i["metadata"].get("deletionTimestamp")])
+    return counts
+
+
+def _wait(what: str, check: Any) -> Any:
+    return wait_for(check, STEP_S, what, interval=0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_fifty_lifecycles_converge_while_the_operator_is_killed(
+    robust_kube: Kube, robust_operator: OperatorProcess, chaos_namespace: str
+) -> None:
+    jobs = Jobs(robust_kube, chaos_namespace)
+    spec = {"model": {"uri": "builtin://tiny-llama"}, "dataset": {"uri": "/data/train.jsonl"},
+            "output": {"uri": "/output/job"}, "training": {"maxSteps": 10},
+            "resources": {"numNodes": 2, "gpusPerNode": 1, "gpuMemory": "80Gi"}}  # fmt: skip
+    highest: dict[str, int] = {}
+    went_down: list[str] = []
+    duplicates: list[str] = []
+
+    def observe(name: str) -> dict[str, Any]:
+        status = jobs.status(name)
+        restarts = int(status.get("restarts") or 0)
+        if restarts < highest.get(name, 0):
+            went_down.append(f"{name}: restarts {highest[name]} -> {restarts}")
+        highest[name] = max(highest.get(name, 0), restarts)
+        counts = _children(robust_kube, chaos_namespace, name)
+        if any(n > 1 for n in counts.values()):
+            duplicates.append(f"{name}: {counts}")
+        return status
+
+    def running_with_pods(name: str) -> list[dict[str, Any]] | None:
+        status = observe(name)
+        pods = jobs.pods(name)
+        ready = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+        return pods if status.get("state") == "Running" and len(ready) == 2 else None
+
+    with Chaos(robust_operator, seed=7) as chaos:
+        for first in range(0, LIFECYCLES, WAVE):
+            names = [f"job-{i}" for i in range(first, min(first + WAVE, LIFECYCLES))]
+            for name in names:
+                jobs.create(name, **spec)
+            for name in names:  # one rank fails: a gang restart
+                pods = _wait(f"{name} running", lambda n=name: running_with_pods(n))
+                before = {p["metadata"]["uid"] for p in pods}
+                jobs.report(pods[0]["metadata"]["name"], {"exitCode": 1, "message": "rank died"})
+                _wait(
+                    f"{name} restarted",
+                    lambda n=name, b=before: (
+                        observe(n).get("restarts", 0) >= 1 and not ({p["metadata"]["uid"] for p in jobs.pods(n)} & b)
+                    ),
+                )
+            for name in names:  # then every rank finishes
+                pods = _wait(f"{name} running again", lambda n=name: running_with_pods(n))
+                for pod in pods:
+                    jobs.report(pod["metadata"]["name"],
+                                {"exitCode": 0, "reason": "Completed", "message": json.dumps(SUMMARY)})  # fmt: skip
+            for name in names:
+                _wait(f"{name} Succeeded", lambda n=name: observe(n).get("state") == "Succeeded")
+            for name in names:
+                robust_kube.delete(f"/apis/finetune.dev/v1alpha1/namespaces/{chaos_namespace}/finetunejobs/{name}")
+    print(f"{LIFECYCLES} lifecycles, {chaos.kills} operator SIGKILLs, restarts seen: {sorted(set(highest.values()))}")
+    assert not chaos.errors, chaos.errors
+    assert chaos.kills >= 10, chaos.kills
+    assert not went_down, went_down
+    assert not duplicates, duplicates[:20]
+    assert all(n >= 1 for n in highest.values()), highest
+
+    def no_children_left() -> bool:
+        left = []
+        for path in CHILDREN.values():
+            left += [
+                i["metadata"]["name"]
+                for i in robust_kube.items(path.format(ns=chaos_namespace), labelSelector="finetune.dev/job-name")
+            ]
+        return not left
+
+    wait_for(no_children_left, 120, "the deleted jobs' children to be garbage-collected")

@@ -1,0 +1,72 @@
+"""A gang restart writes the counted failure before it deletes the failed pods.
+
+An operator SIGKILLed between the two used to delete first: the new pods carried no trace of
+the failure and the count was lost (the robustness tier's chaos test found it). Now the next
+pass finds the failure already counted (its fingerprint) and only deletes; and a status write
+that loses a conflict deletes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from finetune_operator.reconcile.cluster_io import ClusterIO, Conflict
+from finetune_operator.reconcile.observed import observe
+from finetune_operator.reconcile.runner import Reconciler
+from finetune_operator.render.options import RenderOptions
+from tests.factories import job_document
+from tests.unit.test_lifecycle import exited, pod
+from tests.unit.test_reconciler_stale_body import JobStore, _sts
+
+
+class OrderedStore(JobStore):
+    def __init__(self, body: dict[str, Any]) -> None:
+        super().__init__(body)
+        self.deleted_with_restarts: list[int] = []
+        self.conflict = False
+
+    def delete_pods(self, namespace: str, pods: Any) -> None:
+        self.deleted_with_restarts.append(int((self.body.get("status") or {}).get("restarts") or 0))
+
+    def patch_status(self, namespace: str, name: str, rv: str | None, patch: dict[str, Any]) -> str:
+        if self.conflict:
+            raise Conflict("someone else wrote first")
+        return super().patch_status(namespace, name, rv, patch)
+
+
+def _running(store: OrderedStore) -> tuple[Reconciler, dict[str, Any], list[Any]]:
+    reconciler = Reconciler(cast(ClusterIO, store), RenderOptions(trainer_image="t"), lambda *_: None)
+    reconciler.reconcile(store.read_job("", ""), observe(None, []))
+    sts = _sts(store.applied[-1])
+    config_hash = sts["spec"]["template"]["metadata"]["annotations"]["finetune.dev/config-hash"]
+    failed = [pod(0, config_hash=config_hash, state={"terminated": exited(1, "", "Error")}),
+              pod(1, config_hash=config_hash)]  # fmt: skip
+    return reconciler, sts, failed
+
+
+def _store() -> OrderedStore:
+    doc = job_document(resources={"numNodes": 2, "gpusPerNode": 8})
+    doc["metadata"].update({"uid": "u1", "resourceVersion": "1", "generation": 1})
+    return OrderedStore(doc)
+
+
+def test_the_failure_is_counted_in_the_stored_status_before_any_pod_is_deleted() -> None:
+    store = _store()
+    reconciler, sts, failed = _running(store)
+    reconciler.reconcile(store.read_job("", ""), observe(sts, failed))
+    assert store.deleted_with_restarts == [1]
+    # killed right after the deletion request: the next pass sees the same failure, counts nothing
+    reconciler.reconcile(store.read_job("", ""), observe(sts, failed))
+    assert store.deleted_with_restarts == [1, 1]
+    assert store.body["status"]["restarts"] == 1
+
+
+def test_a_status_write_that_loses_a_conflict_deletes_no_pod() -> None:
+    store = _store()
+    reconciler, sts, failed = _running(store)
+    store.conflict = True
+    reconciler.reconcile(store.read_job("", ""), observe(sts, failed))
+    assert store.deleted_with_restarts == []
+    store.conflict = False
+    reconciler.reconcile(store.read_job("", ""), observe(sts, failed))
+    assert store.deleted_with_restarts == [1]
