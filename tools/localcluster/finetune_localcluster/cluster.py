@@ -212,6 +212,29 @@ class LocalCluster:
         elif self.workdir.exists():
             self._save_state()
 
+    def restart(self, name: str, down_s: float = 0.0) -> None:
+        """Stop one component (`etcd`, `kube-apiserver`, ...) by pid, keep it down `down_s`
+        seconds, and start it again with the same arguments (same ports, same etcd data);
+        returns once it answers again. For tests of what survives a control-plane restart."""
+        proc = next(p for p in self.procs if p["name"] == name)
+        self._stop(proc)
+        self.procs.remove(proc)
+        time.sleep(down_s)
+        restarted = self._start(name, list(proc["argv"]))
+        cert = (str(self.workdir / "pki" / "admin.crt"), str(self.workdir / "pki" / "admin.key"))
+        checks: dict[str, Callable[[], bool]] = {
+            "etcd": lambda: any(
+                _get(f"{arg.split('=', 1)[1]}/health").json().get("health") == "true"
+                for arg in proc["argv"]
+                if arg.startswith("--listen-client-urls=")
+            ),
+            "kube-apiserver": lambda: (
+                _get(f"{self.server}/readyz", cert=cert, verify=str(self.workdir / "pki" / "ca.crt")).ok
+            ),
+        }
+        if name in checks:
+            self._wait(f"{name} to answer again", checks[name], restarted)
+
     @classmethod
     def attach(cls, workdir: Path | str) -> LocalCluster:
         """The cluster recorded in `workdir` (to stop it from another process)."""
@@ -438,7 +461,7 @@ class LocalCluster:
                 start_new_session=True,
             )
         self._popens[popen.pid] = popen
-        proc = {"name": name, "pid": popen.pid, "argv0": argv[0], "log": str(log)}
+        proc = {"name": name, "pid": popen.pid, "argv0": argv[0], "argv": argv, "log": str(log)}
         self.procs.append(proc)
         self._save_state()
         return proc
