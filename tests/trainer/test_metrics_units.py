@@ -6,6 +6,7 @@ import urllib.request
 
 import pytest
 
+from finetune_operator.reconcile.progress import parse
 from finetune_trainer.metrics import ProgressMetrics, new_registry, serve
 
 from .conftest import free_port
@@ -28,6 +29,8 @@ NAMES = (
     "finetune_checkpoint_last_success_timestamp_seconds",
     "finetune_trainer_info",
     "finetune_train_model_flops_total",
+    "finetune_checkpoint_resumed_step",
+    "finetune_checkpoint_resume_converted",
 )
 
 
@@ -53,6 +56,7 @@ def test_exporter_serves_progress_metrics(monkeypatch: pytest.MonkeyPatch) -> No
         model_params=1000,
     )
     metrics.checkpoint_done(0.5)
+    metrics.resumed(8, converted=True)
     assert serve(registry, local_rank=1) == base
     with urllib.request.urlopen(f"http://127.0.0.1:{base}/metrics", timeout=5) as response:
         text = response.read().decode()
@@ -61,6 +65,8 @@ def test_exporter_serves_progress_metrics(monkeypatch: pytest.MonkeyPatch) -> No
     assert "finetune_train_global_step 3.0" in text
     assert "finetune_train_tokens_total 100.0" in text
     assert "finetune_train_model_flops_total 600000.0" in text
+    read = parse(text) or {}  # what the operator makes of it
+    assert (read["step"], read["resumed_step"], read["converted"]) == (3, 8, 1), read
     assert 'finetune_trainer_info{UUID="",local_rank="1",method="lora",rank="1",zero_stage="2"} 1.0' in text
 
 

@@ -40,3 +40,8 @@ def test_a_default_queue_without_kueue_is_refused_before_anything_starts() -> No
     args = build_parser().parse_args(["--default-queue-name", "team"])
     with pytest.raises(SystemExit, match="needs --kueue"):
         operator_cmd.run(args)
+
+
+def test_master_port_default_and_value() -> None:
+    assert build_parser().parse_args([]).master_port == 29500
+    assert build_parser().parse_args(["--master-port", "31234"]).master_port == 31234

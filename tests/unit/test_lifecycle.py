@@ -10,7 +10,7 @@ import pytest
 
 from finetune_operator.api import FineTuneJob
 from finetune_operator.api.spec import FineTuneJobSpec
-from finetune_operator.api.status import FineTuneJobStatus, PlanStatus
+from finetune_operator.api.status import FineTuneJobStatus, PlanStatus, Progress
 from finetune_operator.plan.fixed import fixed_plan
 from finetune_operator.reconcile.lifecycle import Decision, PlanFailed, decide
 from finetune_operator.reconcile.observed import observe
@@ -237,6 +237,53 @@ def test_full_fine_tuning_replans_and_converts_its_checkpoint() -> None:
     plan = decision.status.plan
     assert plan is not None and plan.replans == 1 and plan.replan_reason is not None, decision.status
     assert "converted to a universal checkpoint where the ZeRO stage or world size changed" in plan.replan_reason
+
+
+def test_the_resumed_gang_announces_its_checkpoint_once_as_an_event() -> None:
+    """After the OOM re-plan, rank 0's metrics say which checkpoint the new gang loaded and
+    whether it was converted from another strategy: one Event, not one per scrape."""
+    job, _ = step(job_with(), [])
+    job, _ = step(job, [pod(0), pod(1)], progress=Progress(step=3))
+    job, replanned = step(job, [pod(0, state={"terminated": exited(137, "", "OOMKilled")}), pod(1)])
+    assert "ResumedFromCheckpoint" not in reasons(replanned)
+    new_gang = [pod(0, created=NOW + timedelta(seconds=5)), pod(1, created=NOW + timedelta(seconds=5))]
+    resumed = Progress(step=9, resumed_from_step=8, checkpoint_converted=True)
+    job, decision = step(job, new_gang, progress=resumed)
+    event = next(e for e in decision.events if e.reason == "ResumedFromCheckpoint")
+    assert event.type == "Normal"
+    assert event.message == (
+        "rank 0 resumed from the step-8 checkpoint under ZeRO-3, offload none, micro-batch 1 × accumulation 2, "
+        "checkpointing off; it was written under another strategy and converted"
+    ), event.message
+    assert job.status is not None and job.status.progress == resumed
+    _, again = step(job, new_gang, progress=resumed.model_copy(update={"step": 10}))
+    assert "ResumedFromCheckpoint" not in reasons(again)
+
+
+def test_a_resume_no_scrape_saw_is_announced_from_the_summary() -> None:
+    """A short resumed run can finish between two scrapes of rank 0's metrics: the trainer's
+    summary carries the resume too, and success announces it once."""
+    job, _ = step(job_with(), [])
+    summary = json.dumps({"steps": 16, "tokens": 1, "resumedFromStep": 8, "checkpointConverted": False})
+    decision = run(job, [pod(0, last=exited(0, summary, "Completed")), pod(1, state={"terminated": exited(0)})])
+    event = next(e for e in decision.events if e.reason == "ResumedFromCheckpoint")
+    assert event.message.startswith("rank 0 resumed from the step-8 checkpoint under ZeRO-2, ")
+    assert event.message.endswith("; it was written under the same strategy")
+    progress = decision.status.progress
+    assert progress is not None and (progress.resumed_from_step, progress.checkpoint_converted) == (8, False)
+    # already reported by a scrape: no second Event
+    assert job.status is not None
+    scraped = job.model_copy(
+        update={"status": job.status.model_copy(update={"progress": Progress(resumed_from_step=8)})}
+    )
+    decision = run(scraped, [pod(0, last=exited(0, summary, "Completed")), pod(1, state={"terminated": exited(0)})])
+    assert "ResumedFromCheckpoint" not in reasons(decision) and decision.status.state == "Succeeded"
+
+
+def test_a_fresh_start_announces_no_resume() -> None:
+    job, _ = step(job_with(), [])
+    decision = run(job, [pod(0), pod(1)], progress=Progress(step=1))
+    assert "ResumedFromCheckpoint" not in reasons(decision)
 
 
 def test_oom_with_nothing_more_frugal_fails() -> None:

@@ -41,6 +41,15 @@ def test_rates_and_eta_come_from_two_scrapes() -> None:
     assert progress.loss == 1.2346
 
 
+def test_the_resumed_checkpoint_and_its_conversion_are_read() -> None:
+    text = TEXT + "finetune_checkpoint_resumed_step 8.0\nfinetune_checkpoint_resume_converted 1.0\n"
+    progress = to_progress(NOW, Sample(at=1.0, values=parse(text) or {}), None)
+    assert progress.resumed_from_step == 8 and progress.checkpoint_converted is True
+    fresh = TEXT + "finetune_checkpoint_resumed_step 0.0\nfinetune_checkpoint_resume_converted 0.0\n"
+    progress = to_progress(NOW, Sample(at=1.0, values=parse(fresh) or {}), None)
+    assert progress.resumed_from_step is None and progress.checkpoint_converted is None
+
+
 def test_before_the_first_step_there_is_no_loss_or_summary() -> None:
     progress = to_progress(NOW, Sample(at=1.0, values={"step": 0.0, "loss": 0.0}), None)
     assert progress.loss is None and progress.summary is None and progress.tokens_per_second is None

@@ -92,6 +92,8 @@ class Trainer:
         self.ckpt_root = self.out / "checkpoints"
         self.log_path = self.out / LOG_FILE
         self.started = time.time()
+        self.resumed: tuple[int, bool] | None = None
+        """(checkpoint step, written under another strategy) once `_resume` loaded one."""
 
     # ---- setup -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -304,6 +306,10 @@ class Trainer:
         if rank == 0:
             log.info("resumed from %s (step %d, %s)", found.path, found.step, found.state.data_position)
             self._log_replan(found, converted)
+        saved = found.state.strategy
+        self.resumed = (found.step, saved is not None and bool(saved.changes(self.strategy)))
+        if self.metrics is not None:
+            self.metrics.progress.resumed(*self.resumed)
         return found.state
 
     def _micro_batches(self, step: int) -> _StepTotals:
@@ -497,6 +503,8 @@ class Trainer:
             exact_match=after.get("exact_match"),
             exact_match_before=before.get("exact_match") if "exact_match" in after else None,
             skipped_records=self.skipped,
+            resumed_from_step=self.resumed[0] if self.resumed else None,
+            checkpoint_converted=self.resumed[1] if self.resumed else None,
         )
 
     def _progress_bar(self, start: int) -> Any:

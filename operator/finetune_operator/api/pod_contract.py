@@ -94,6 +94,10 @@ class TrainingSummary(ApiModel):
     exact_match: float | None = None
     exact_match_before: float | None = None
     skipped_records: Annotated[int, Field(ge=0)] = 0
+    resumed_from_step: Annotated[int, Field(ge=0)] | None = None
+    """The checkpoint this run resumed from (unset: a fresh start)."""
+    checkpoint_converted: bool | None = None
+    """Whether that checkpoint was written under another strategy and converted to this run's."""
 
     @classmethod
     def from_message(cls, text: str) -> TrainingSummary | None:

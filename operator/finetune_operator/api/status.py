@@ -98,6 +98,13 @@ class Progress(ApiModel):
     percent: Annotated[int, Field(ge=0, le=100)] | None = None
     summary: Annotated[str, Field(max_length=64)] | None = None
     skipped_records: Annotated[int, Field(ge=0)] | None = None
+    resumed_from_step: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="Step of the checkpoint the running gang resumed from (unset: a fresh start)."
+    )
+    checkpoint_converted: bool | None = Field(
+        default=None,
+        description="True when that checkpoint was written under another strategy and converted to the plan's.",
+    )
     last_update_time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None
 
 

@@ -38,6 +38,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=int(env("FTJOB_METRICS_PORT", "8080")))
     parser.add_argument("--health-port", type=int, default=int(env("FTJOB_HEALTH_PORT", "8081")))
     parser.add_argument(
+        "--master-port",
+        type=int,
+        default=int(env("FTJOB_MASTER_PORT", "29500")),
+        help="the rendezvous port rank 0 of every job listens on (default 29500)",
+    )
+    parser.add_argument(
         "--interval",
         type=float,
         default=float(env("FTJOB_RECONCILE_INTERVAL", "5")),
@@ -138,7 +144,10 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     metrics.initialise(tuple(args.namespace))
     start_http_server(args.metrics_port, addr=args.metrics_address)
     options = RenderOptions(
-        trainer_image=args.trainer_image, pod_monitor=args.pod_monitor, default_queue_name=args.default_queue_name
+        trainer_image=args.trainer_image,
+        master_port=args.master_port,
+        pod_monitor=args.pod_monitor,
+        default_queue_name=args.default_queue_name,
     )
     policy = SchedulingPolicy(
         priority_classes=tuple(args.allowed_priority_class),

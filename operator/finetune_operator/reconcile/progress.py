@@ -29,6 +29,8 @@ WANTED = {
     "finetune_data_skipped_records_total": "skipped",
     "finetune_model_download_bytes": "downloaded",
     "finetune_model_download_total_bytes": "download_total",
+    "finetune_checkpoint_resumed_step": "resumed_step",
+    "finetune_checkpoint_resume_converted": "converted",
 }
 GIB = 2**30
 
@@ -96,6 +98,7 @@ def to_progress(now: datetime, current: Sample, previous: Sample | None) -> Prog
     percent = min(100, int(100 * step / total)) if total else None
     summary = f"{step}/{total} ({percent}%)" if total else _download(v)
     loss = v.get("loss") if step > 0 else None  # before the first step the gauge is only initialised
+    resumed = int(v["resumed_step"]) if v.get("resumed_step", 0) > 0 else None
     return Progress(
         step=step,
         total_steps=total,
@@ -106,5 +109,7 @@ def to_progress(now: datetime, current: Sample, previous: Sample | None) -> Prog
         percent=percent,
         summary=summary,
         skipped_records=int(v["skipped"]) if "skipped" in v else None,
+        resumed_from_step=resumed,
+        checkpoint_converted=bool(v.get("converted")) if resumed is not None else None,
         last_update_time=now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )

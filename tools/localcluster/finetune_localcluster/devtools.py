@@ -64,9 +64,14 @@ class OperatorProcess:
     extra_args: tuple[str, ...] = ()
     proc: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
+    master_port: int = 0
+    """Rank 0's rendezvous port in the pods, chosen once (a restart keeps the rendered pods'):
+    the process node gives pods their own loopback IPs but no network namespace, and torch's
+    TCPStore listens on every address, so two clusters on one machine must not share 29500."""
 
     def start(self) -> None:
         self.metrics_port, health = free_port(), free_port()
+        self.master_port = self.master_port or free_port()
         argv = [
             str(REPO / ".venv" / "bin" / "ftjob") if (REPO / ".venv/bin/ftjob").exists() else "ftjob",
             "operator",
@@ -76,6 +81,7 @@ class OperatorProcess:
             "--health-port", str(health),
             "--interval", "1",
             "--trainer-image", "trainer:test",
+            "--master-port", str(self.master_port),
             *self.extra_args,
         ]  # fmt: skip
         log = self.log_path.open("ab")

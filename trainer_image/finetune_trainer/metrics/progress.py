@@ -75,6 +75,17 @@ class ProgressMetrics:
             registry=registry,
         )
         self.eval_loss = Gauge("finetune_eval_loss", "Validation loss of the last evaluation.", registry=registry)
+        self.resumed_step = Gauge(
+            "finetune_checkpoint_resumed_step",
+            "Step of the checkpoint this run resumed from (0: a fresh start).",
+            registry=registry,
+        )
+        self.resume_converted = Gauge(
+            "finetune_checkpoint_resume_converted",
+            "1 when that checkpoint was written under another strategy (ZeRO stage, offload, micro-batch, "
+            "accumulation or world size) and converted to this run's.",
+            registry=registry,
+        )
 
     def step_done(
         self,
@@ -103,6 +114,11 @@ class ProgressMetrics:
         self.step_duration.observe(seconds)
         self.dataloader_wait.observe(wait_seconds)
         self.last_step.set(time.time())
+
+    def resumed(self, step: int, converted: bool) -> None:
+        """This run continues from the step-`step` checkpoint (the operator turns it into an Event)."""
+        self.resumed_step.set(step)
+        self.resume_converted.set(1 if converted else 0)
 
     def checkpoint_done(self, seconds: float) -> None:
         self.checkpoint_duration.observe(seconds)

@@ -120,6 +120,10 @@ class StatusBuilder:
         if (on and not before) or (announce and before and not on):
             self.events.append(Event("Warning" if warn else "Normal", reason, message or kind.value))
 
+    def event(self, reason: str, message: str, *, warn: bool = False) -> None:
+        """An event that is no condition's transition."""
+        self.events.append(Event("Warning" if warn else "Normal", reason, message))
+
     def update(self, **fields: object) -> None:
         self.status = self.status.model_copy(update=fields)
 

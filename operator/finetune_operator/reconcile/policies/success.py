@@ -1,22 +1,19 @@
 """Success: every rank of the current gang exited 0. Rank 0's summary becomes `status.result`
-and the final progress (a short run may finish between two scrapes); the workers are scaled
-to 0 so the GPUs are free."""
+and the final progress (a short run may finish between two scrapes, so a resume no scrape saw
+is announced here); the workers are scaled to 0 so the GPUs are free."""
 
 from __future__ import annotations
 
+from ...api.pod_contract import TrainingSummary
 from ...api.status import ConditionType, Progress, Result
 from .. import reasons as R
-from ..observed import Termination
 from .context import Context, Decision
+from .gang import announce_resume
 
 
-def _result(term: Termination) -> Result:
-    summary = R.summary_of(term)
-    return summary.to_result() if summary is not None else Result()
-
-
-def _final_progress(progress: Progress | None, result: Result, now: str) -> Progress:
+def _final_progress(progress: Progress | None, result: Result, now: str, summary: TrainingSummary | None) -> Progress:
     steps = result.steps if result.steps is not None else (progress.step if progress else 0)
+    resumed = summary if summary is not None and summary.resumed_from_step is not None else progress
     return Progress(
         step=steps,
         total_steps=steps,
@@ -26,6 +23,8 @@ def _final_progress(progress: Progress | None, result: Result, now: str) -> Prog
         eta_seconds=0,
         summary=f"{steps}/{steps} (100%)",
         skipped_records=result.skipped_records,
+        resumed_from_step=resumed.resumed_from_step if resumed else None,  # an older trainer's summary lacks it
+        checkpoint_converted=resumed.checkpoint_converted if resumed else None,
         last_update_time=now,
     )
 
@@ -36,8 +35,11 @@ def decide(ctx: Context) -> Decision | None:
     if not (len(pods) == nodes and len(completed) == nodes and {p.ordinal for p in pods} == set(range(nodes))):
         return None
     rank0 = next(p for p in pods if p.ordinal == 0)
-    result = _result(rank0.completed or completed[0])
-    b.update(result=result, completion_time=b.now, progress=_final_progress(b.status.progress, result, b.now))
+    summary = R.summary_of(rank0.completed or completed[0])
+    result = summary.to_result() if summary is not None else Result()
+    if summary is not None:
+        announce_resume(ctx, b, b.status.progress, summary.resumed_from_step, bool(summary.checkpoint_converted))
+    b.update(result=result, completion_time=b.now, progress=_final_progress(b.status.progress, result, b.now, summary))
     loss = f", final loss {result.final_loss:.4f}" if result.final_loss is not None else ""
     b.cond(ConditionType.SUCCEEDED, True, R.COMPLETED, f"all {nodes} ranks finished{loss}")
     b.cond(ConditionType.RUNNING, False, R.COMPLETED, "")
