@@ -18,7 +18,7 @@ import yaml
 from finetune_localcluster import Kube, LocalCluster, wait_for
 from finetune_localcluster.devtools import OperatorProcess, bind_claim, helm, kubectl, service_account_kubeconfig
 from tests.cluster.operator_harness import Jobs
-from tests.cluster.test_e2e_tiny_job import CLAIM, tiny_job
+from tests.cluster.process_jobs import CLAIM, tiny_job
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "finetune-operator"
 RELEASE = "ftjob"

@@ -13,49 +13,16 @@ import os
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-from finetune_localcluster import PROCESS_NODE_PLACEMENT, Kube, LocalCluster, wait_for
+from finetune_localcluster import Kube, LocalCluster, wait_for
 from finetune_localcluster.devtools import OperatorProcess, bind_claim, kubectl
 from tests.cluster.operator_harness import Jobs
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml"
-CLAIM = "ftjob-output"
+from tests.cluster.process_jobs import CLAIM, tiny_job, worker_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-def tiny_job(namespace: str, max_steps: int, checkpoint_every: int) -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    doc["metadata"]["namespace"] = namespace
-    doc["spec"]["training"].update(
-        {"maxSteps": max_steps, "checkpointEverySteps": checkpoint_every, "evalEverySteps": max_steps}
-    )
-    doc["spec"]["resources"].update(PROCESS_NODE_PLACEMENT)
-    return doc
-
-
-def worker_pids(pod: str, namespace: str) -> list[int]:
-    """Training ranks (finetune_trainer.worker) that the process node runs for `pod`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (
-            b"finetune_trainer.worker" in cmdline
-            and f"FTJOB_POD_NAME={pod}".encode() in environ
-            and (f"FTJOB_NAMESPACE={namespace}".encode() in environ)
-        ):
-            found.append(int(entry.name))
-    return found
 
 
 @pytest.fixture

@@ -1,22 +1,35 @@
 """Queues and quotas with the real, Go-built Kueue: admission is all or nothing, a job waits
-`Queued` with Kueue's own reason, and quota comes back when a job ends or is deleted.
+`Queued` with Kueue's own reason, quota comes back when a job ends or is deleted, and a
+preempted job resumes from its checkpoint when it is admitted again.
 
-This module starts its own cluster (kwok GPU nodes, Kueue with its webhooks) and its own
-operator with `--kueue`; it plays only the kubelet's part, reporting container exits.
+This module starts its own cluster (kwok GPU nodes, a process node, Kueue with its webhooks)
+and its own operator with `--kueue`. On the kwok nodes it plays the kubelet's part, reporting
+container exits; on the process node real ranks train (the preemption-and-resume scenario).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from finetune_localcluster import Kube, KubeError, LocalCluster, wait_for
-from finetune_localcluster.devtools import OperatorProcess, helm, install_crd, service_account_kubeconfig
+from finetune_localcluster import PROCESS_NODE_LABEL, Kube, KubeError, LocalCluster, wait_for
+from finetune_localcluster.devtools import (
+    OperatorProcess,
+    bind_claim,
+    helm,
+    install_crd,
+    kubectl,
+    service_account_kubeconfig,
+)
 from tests.cluster.operator_harness import JOBS, Jobs, gpu_job
+from tests.cluster.process_jobs import CLAIM, tiny_job, worker_pids
 from tests.factories import job_document
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -29,7 +42,7 @@ SYSTEM = "ftjob-system"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(gpu_nodes=2, process_nodes=0, kueue=True) as c:
+    with LocalCluster(gpu_nodes=2, process_nodes=1, kueue=True) as c:
         yield c
 
 
@@ -52,11 +65,12 @@ def operator(cluster: LocalCluster, kube: Kube, tmp_path_factory: pytest.TempPat
     deployment = kube.get(f"/apis/apps/v1/namespaces/{SYSTEM}/deployments/ftjob-finetune-operator")
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     config = service_account_kubeconfig(kube, cluster, SYSTEM, account, tmp / "sa.kubeconfig")
-    kube.create(
-        f"{KUEUE}/resourceflavors",
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "a100"},
-         "spec": {"nodeLabels": FLAVOR_LABELS}},
-    )  # fmt: skip
+    for flavor, labels in (("a100", FLAVOR_LABELS), ("process", {PROCESS_NODE_LABEL: "true"})):
+        kube.create(
+            f"{KUEUE}/resourceflavors",
+            {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": flavor},
+             "spec": {"nodeLabels": labels}},
+        )  # fmt: skip
     log: Path = tmp / "operator.log"
     process = OperatorProcess(config, log, extra_args=("--kueue",))
     process.start()
@@ -77,9 +91,11 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     kube.delete(f"{KUEUE}/clusterqueues/{name}")
 
 
-def queue(kube: Kube, namespace: str, gpus: int, preemption: bool = False) -> None:
-    """A ClusterQueue with `gpus` GPUs of flavor a100 (CPU, memory, disk plenty) and its LocalQueue `team`."""
-    plenty = {"cpu": "1000", "memory": "100Ti", "ephemeral-storage": "100Ti"}
+def queue(
+    kube: Kube, namespace: str, gpus: int, preemption: bool = False, flavor: str = "a100", memory: str = "100Ti"
+) -> None:
+    """A ClusterQueue with `gpus` GPUs and `memory` of `flavor` (CPU, disk plenty) and its LocalQueue `team`."""
+    plenty = {"cpu": "1000", "memory": memory, "ephemeral-storage": "100Ti"}
     resources = [{"name": "nvidia.com/gpu", "nominalQuota": gpus}, *({"name": k, "nominalQuota": v}
                  for k, v in plenty.items())]  # fmt: skip
     kube.create(
@@ -87,7 +103,7 @@ def queue(kube: Kube, namespace: str, gpus: int, preemption: bool = False) -> No
         {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": namespace},
          "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
                   "resourceGroups": [{"coveredResources": [r["name"] for r in resources],
-                                      "flavors": [{"name": "a100", "resources": resources}]}],
+                                      "flavors": [{"name": flavor, "resources": resources}]}],
                   **({"preemption": {"withinClusterQueue": "LowerPriority"}} if preemption else {})}},
     )  # fmt: skip
     kube.create(
@@ -199,22 +215,34 @@ def test_suspending_an_admitted_job_frees_its_quota(jobs: Jobs, kube: Kube, name
     jobs.wait(lambda s: condition(s, "Queued").get("reason") == "Pending", "paused queued again", "paused")
 
 
-def test_a_higher_priority_job_preempts_a_running_one_without_spending_its_restarts(
-    jobs: Jobs, kube: Kube, namespace: str
-) -> None:
-    queue(kube, namespace, gpus=8, preemption=True)
-    for name, value in (("low", 10), ("high", 1000)):
+@pytest.fixture
+def priorities(kube: Kube, namespace: str) -> Iterator[dict[str, str]]:
+    """WorkloadPriorityClasses `low` (10) and `high` (1000): the label that puts a job in each."""
+    names = {level: f"{namespace}-{level}" for level in ("low", "high")}
+    for level, value in (("low", 10), ("high", 1000)):
         kube.create(
             f"{KUEUE}/workloadpriorityclasses",
             {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
-             "metadata": {"name": f"{namespace}-{name}"}, "value": value},
+             "metadata": {"name": names[level]}, "value": value},
         )  # fmt: skip
+    yield {level: name for level, name in names.items()}
+    for name in names.values():
+        with contextlib.suppress(KubeError):
+            kube.delete(f"{KUEUE}/workloadpriorityclasses/{name}")
+
+
+def prioritised(doc: dict[str, Any], name: str, namespace: str, priority_class: str) -> dict[str, Any]:
+    labels = {"kueue.x-k8s.io/priority-class": priority_class}
+    return {**doc, "metadata": {"name": name, "namespace": namespace, "labels": labels}}
+
+
+def test_a_higher_priority_job_preempts_a_running_one_without_spending_its_restarts(
+    jobs: Jobs, kube: Kube, namespace: str, priorities: dict[str, str]
+) -> None:
+    queue(kube, namespace, gpus=8, preemption=True)
 
     def create(name: str) -> None:
-        doc = job_document(**queued())
-        labels = {"kueue.x-k8s.io/priority-class": f"{namespace}-{name}"}
-        doc["metadata"] = {"name": name, "namespace": namespace, "labels": labels}
-        kube.create(JOBS.format(ns=namespace), doc)
+        kube.create(JOBS.format(ns=namespace), prioritised(job_document(**queued()), name, namespace, priorities[name]))
 
     create("low")
     jobs.wait_state("Running", "low")
@@ -229,8 +257,81 @@ def test_a_higher_priority_job_preempts_a_running_one_without_spending_its_resta
     jobs.wait_state("Succeeded", "high")
     again = jobs.wait_state("Running", "low")
     assert again["evictions"] == 1 and again["restarts"] == 0, again
-    try:
-        kube.delete(f"{KUEUE}/workloadpriorityclasses/{namespace}-low")
-        kube.delete(f"{KUEUE}/workloadpriorityclasses/{namespace}-high")
-    except KubeError:
-        pass
+
+
+def states(cluster: LocalCluster, namespace: str) -> dict[str, str]:
+    """The STATUS column of `kubectl get ftj`, by job name."""
+    rows = kubectl(cluster.kubeconfig, "get", "ftj", "-n", namespace, "--no-headers").splitlines()
+    return {row.split()[0]: row.split()[1] for row in rows if row.strip()}
+
+
+def logged_steps(train_log: Path) -> list[int]:
+    """The optimizer steps the trainer logged, in order, over every run of the ranks."""
+    entries = (json.loads(line) for line in train_log.read_text().splitlines())
+    return [e["step"] for e in entries if "loss" in e]  # the others are evaluations
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_a_preempted_job_resumes_from_its_checkpoint_with_real_ranks(
+    jobs: Jobs, kube: Kube, namespace: str, priorities: dict[str, str], cluster: LocalCluster
+) -> None:
+    """Scenario 2 through the process node: a low-priority job checkpoints, is preempted (its
+    ranks stopped, not a failure), waits while the high-priority one trains, and is admitted
+    again: its trainer resumes from the newest checkpoint of the first run and ends at maxSteps."""
+    queue(kube, namespace, gpus=0, preemption=True, flavor="process", memory="3Gi")  # one 1-pod job (3Gi)
+    bind_claim(kube, namespace, CLAIM)
+    max_steps, every = 10, 2
+
+    def create(name: str, steps: int, checkpoint_every: int) -> None:
+        doc = tiny_job(namespace, max_steps=steps, checkpoint_every=checkpoint_every)
+        doc["spec"]["resources"]["numNodes"] = 1
+        doc["spec"].update(queueName="team", output={"uri": f"pvc://{CLAIM}/{name}"})
+        kube.create(JOBS.format(ns=namespace), prioritised(doc, name, namespace, priorities[name]))
+
+    out = cluster.workdir / "pvc" / namespace / CLAIM / "low"
+    create("low", max_steps, every)
+    jobs.wait_state("Running", "low", timeout=120)
+    assert states(cluster, namespace) == {"low": "Running"}
+    ranks = wait_for(lambda: worker_pids("low-0", namespace), 240, "the rank of pod low-0")
+    wait_for(lambda: any((out / "checkpoints").glob("step-*")), 480, "low's first checkpoint")
+    # freeze low's rank, so it cannot finish before the preemption lands; it is let go once its
+    # pod is being deleted, and then stops as a preempted rank does (the pending SIGTERM)
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
+
+    create("high", 2, 2)
+    low = jobs.wait(lambda s: condition(s, "Queued").get("reason") == "Preempted", "low preempted", "low")
+    assert low["state"] == "Queued" and low["evictions"] == 1 and low["restarts"] == 0, low
+    jobs.wait_events({"Preempted"}, "low")
+    assert states(cluster, namespace)["low"] == "Queued"
+
+    def terminating() -> bool:
+        pod = kube.get_or_none(f"/api/v1/namespaces/{namespace}/pods/low-0")
+        return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
+
+    wait_for(terminating, 60, "the eviction to delete low's pod")
+    for pid in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: kube.get_or_none(f"/api/v1/namespaces/{namespace}/pods/low-0") is None, 90, "low's pod gone")
+    saved = sorted(p.name for p in (out / "checkpoints").glob("step-*") if p.name.split("-")[1].isdigit())
+    resume_from = int(saved[-1].split("-")[1])
+    assert resume_from < max_steps, saved
+
+    jobs.wait_state("Running", "high", timeout=120)
+    assert states(cluster, namespace) == {"low": "Queued", "high": "Running"}
+    jobs.wait_state("Succeeded", "high", timeout=480)
+    again = jobs.wait_state("Running", "low", timeout=120)
+    assert again["evictions"] == 1 and again["restarts"] == 0, again
+
+    resumed = f"resumed from /mnt/pvc/{CLAIM}/low/checkpoints/{saved[-1]} (step {resume_from},"
+    wait_for(lambda: resumed in kubectl(cluster.kubeconfig, "logs", "-n", namespace, "low-0"), 480, resumed)
+    done = jobs.wait_state("Succeeded", "low", timeout=480)
+    assert done["result"]["steps"] == max_steps and done["restarts"] == 0 and done["evictions"] == 1, done
+    # the first run's steps, then those after the checkpoint: nothing skipped, only the steps
+    # the first run took past its last checkpoint are taken again
+    steps = logged_steps(out / "train_log.jsonl")
+    first = len(steps) - (max_steps - resume_from)
+    assert first >= resume_from and steps == [*range(1, first + 1), *range(resume_from + 1, max_steps + 1)], steps
+    assert states(cluster, namespace) == {"low": "Succeeded", "high": "Succeeded"}

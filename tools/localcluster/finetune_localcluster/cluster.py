@@ -9,7 +9,8 @@ really run pods (`process_node.py`).
 
 Design notes:
 - Every listener is on 127.0.0.1 with a free port, so parallel clusters do not collide. Fake
-  pod IPs stay in 127.0.0.0/8 (kwok: 127.1.0.0/16, process nodes: 127.2.<i>.0/24). The
+  pod IPs stay in 127.0.0.0/8 (kwok: 127.1.0.0/16, process nodes: a /24 of
+  127.2.0.0/16 each, which no other cluster's process node on this machine holds). The
   service range is 127.3.0.0/24 (loopback, accepted by the apiserver): nothing here runs
   kube-proxy, so ClusterIPs are only allocated, never contacted.
 - Every process is started in its own session and recorded (pid and argv[0]) in
@@ -358,7 +359,7 @@ class LocalCluster:
                 kube.create("/api/v1/nodes", gpu_node_manifest(name, self.gpus_per_node, self.gpu_product))
             if kwok_names:
                 self._start_kwok(bins)
-            for i, name in enumerate(process_names):
+            for name in process_names:
                 argv = [
                     sys.executable,
                     "-m",
@@ -366,7 +367,6 @@ class LocalCluster:
                     f"--kubeconfig={kc}",
                     f"--name={name}",
                     f"--workdir={self.workdir / name}",
-                    f"--pod-cidr=127.2.{i}.0/24",
                     f"--gpus={self.gpus_per_node}",
                     f"--gpu-product={self.gpu_product}",
                 ]

@@ -7,7 +7,8 @@ must run for real. There is no container runtime here, so this agent plays a tin
 the test venv's Python stands in for the image.
 
 What it does for each pod bound to its Node (`spec.nodeName`):
-- gives it an IP from this node's slice of 127.2.0.0/16 (`--pod-cidr`, e.g. 127.2.0.0/24);
+- gives it an IP from this node's slice of 127.2.0.0/16 (`--pod-cidr`, e.g. 127.2.0.0/24; by
+  default a /24 no other process node on this machine holds, see `pod_cidr.py`);
   processes share the host network namespace, and every 127.x address is on `lo`;
 - materialises volumes into `<workdir>/pods/<ns>_<name>_<uid>/volumes/<volume>`: configMap,
   secret, projected (configMap/secret sources), downwardAPI (fieldRef items), emptyDir
@@ -60,6 +61,7 @@ from pathlib import Path
 
 import requests
 
+from finetune_localcluster import pod_cidr
 from finetune_localcluster.cluster import (
     PROCESS_NODE_LABEL,
 )
@@ -335,12 +337,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--workdir", type=Path, required=True)
-    parser.add_argument("--pod-cidr", default="127.2.0.0/24")
+    parser.add_argument("--pod-cidr", default=None, help="default: a free /24 of 127.2.0.0/16, held while running")
     parser.add_argument("--pvc-root", type=Path, default=None)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--gpu-product", default="NVIDIA-A100-SXM4-80GB")
     parser.add_argument("--taint", action="store_true", help=f"taint the node {PROCESS_NODE_LABEL}=true:NoSchedule")
     args = parser.parse_args(argv)
+    if args.pod_cidr is None:
+        args.pod_cidr, _held = pod_cidr.claim()  # the lock lives as long as this process
     if not ipaddress.IPv4Network(args.pod_cidr).subnet_of(ipaddress.IPv4Network("127.0.0.0/8")):
         parser.error("--pod-cidr must be inside 127.0.0.0/8")
     stop = threading.Event()
