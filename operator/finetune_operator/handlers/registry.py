@@ -28,7 +28,6 @@ from ..reconcile.observed import pod_view, workers_view, workload_view
 from ..reconcile.runner import Reconciler
 from ..render.identity import JOB_NAME_LABEL
 from .dispatch import HandlerSettings, JobHandlers, job_key
-from .retry import RetryForever
 
 __all__ = ["HandlerSettings", "build_registry", "connection_from_client", "post_event"]
 
@@ -97,7 +96,6 @@ def build_registry(reconciler: Reconciler, settings: HandlerSettings) -> kopf.Op
         operator_settings.scanning.disabled = True  # no CRD/namespace watching: RBAC stays minimal
         operator_settings.watching.server_timeout = 270
         operator_settings.networking.request_timeout = 30
-        operator_settings.networking.error_backoffs = RetryForever()  # a watch never gives up
         jobs.start()
 
     @kopf.on.cleanup(registry=registry)
