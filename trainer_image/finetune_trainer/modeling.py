@@ -6,6 +6,7 @@ scaling has no point there); the in-memory DeepSpeed config is switched off bf16
 to match, and the override is logged once. QLoRA keeps its 4-bit NF4 storage on CPU.
 Under ZeRO-3, QLoRA stores the packed 4-bit weights in the compute dtype so DeepSpeed
 can partition them together with the other parameters (peft's DeepSpeed guidance).
+The 4-bit layers keep that layout for the whole run: see `keep_4bit_training_layout`.
 """
 
 from __future__ import annotations
@@ -244,6 +245,8 @@ def load_model(
     if method == MethodType.QLORA:
         from peft import prepare_model_for_kbit_training
 
+        keep_4bit_training_layout(model)
+
         model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
             model,
             use_gradient_checkpointing=plan.gradient_checkpointing,
@@ -259,6 +262,27 @@ def load_model(
         for param in model.parameters():
             param.requires_grad_(True)
     return model
+
+
+def keep_4bit_training_layout(model: Any) -> int:
+    """Stop bitsandbytes repacking the 4-bit base for CPU inference; returns the layers set.
+
+    On a CPU with AVX512-BF16, the first forward of a `Linear4bit` in eval mode without
+    gradients (the trainer's evaluation) rewrites its weight into a layout for a bf16 inference
+    kernel, rounds its absmax to bf16 and flags the quant state. The rewrite is one-way while
+    training: every later forward, in training too, takes the inference kernel, which passes no
+    gradient back through the frozen base. A run that evaluates before its first step (a fresh
+    one) then trains another model than one that resumes without evaluating first: the loss moves
+    by ~2e-5 and the LoRA gradients by ~78 % (tests/trainer/test_qlora_layout.py). Under ZeRO-3
+    the rewrite replaces the data of a partitioned parameter, which DeepSpeed's next gather
+    overwrites with the original layout under the flagged quant state. GPU layers never repack.
+    """
+    import bitsandbytes as bnb
+
+    layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    for layer in layers:
+        layer.support_avx512bf16_for_cpu = False
+    return len(layers)
 
 
 def _local_device(compute: ComputeSettings) -> str:
