@@ -264,8 +264,8 @@ def load_model(
     return model
 
 
-def keep_4bit_training_layout(model: Any) -> int:
-    """Stop bitsandbytes repacking the 4-bit base for CPU inference; returns the layers set.
+def keep_4bit_training_layout(model: Any) -> None:
+    """Stop bitsandbytes repacking the 4-bit base for CPU inference.
 
     On a CPU with AVX512-BF16, the first forward of a `Linear4bit` in eval mode without
     gradients (the trainer's evaluation) rewrites its weight into a layout for a bf16 inference
@@ -273,16 +273,17 @@ def keep_4bit_training_layout(model: Any) -> int:
     training: every later forward, in training too, takes the inference kernel, which passes no
     gradient back through the frozen base. A run that evaluates before its first step (a fresh
     one) then trains another model than one that resumes without evaluating first: the loss moves
-    by ~2e-5 and the LoRA gradients by ~78 % (tests/trainer/test_qlora_layout.py). Under ZeRO-3
+    by ~5e-5 and the LoRA gradients by ~80 % (tests/trainer/test_qlora_layout.py). Under ZeRO-3
     the rewrite replaces the data of a partitioned parameter, which DeepSpeed's next gather
-    overwrites with the original layout under the flagged quant state. GPU layers never repack.
+    brings back in the original layout under the flagged quant state: fresh ZeRO-2 and ZeRO-3
+    runs computed different first-step losses (6.2678 vs 6.2308), and with this the same one
+    (tests/trainer/test_replan_resume.py, chain "qlora"). Inputs on a GPU never repack.
     """
     import bitsandbytes as bnb
 
-    layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
-    for layer in layers:
-        layer.support_avx512bf16_for_cpu = False
-    return len(layers)
+    for layer in model.modules():
+        if isinstance(layer, bnb.nn.Linear4bit):
+            layer.support_avx512bf16_for_cpu = False
 
 
 def _local_device(compute: ComputeSettings) -> str:
