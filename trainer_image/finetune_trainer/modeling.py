@@ -279,10 +279,10 @@ def keep_4bit_training_layout(model: Any) -> None:
     runs computed different first-step losses (6.2678 vs 6.2308), and with this the same one
     (tests/trainer/test_replan_resume.py, chain "qlora"). Inputs on a GPU never repack.
     """
-    import bitsandbytes as bnb
+    from bitsandbytes.nn.modules import Linear4bit
 
     for layer in model.modules():
-        if isinstance(layer, bnb.nn.Linear4bit):
+        if isinstance(layer, Linear4bit):
             layer.support_avx512bf16_for_cpu = False
 
 
