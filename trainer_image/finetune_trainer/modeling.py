@@ -6,6 +6,7 @@ scaling has no point there); the in-memory DeepSpeed config is switched off bf16
 to match, and the override is logged once. QLoRA keeps its 4-bit NF4 storage on CPU.
 Under ZeRO-3, QLoRA stores the packed 4-bit weights in the compute dtype so DeepSpeed
 can partition them together with the other parameters (peft's DeepSpeed guidance).
+The 4-bit layers keep that layout for the whole run: see `keep_4bit_training_layout`.
 """
 
 from __future__ import annotations
@@ -244,6 +245,8 @@ def load_model(
     if method == MethodType.QLORA:
         from peft import prepare_model_for_kbit_training
 
+        keep_4bit_training_layout(model)
+
         model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
             model,
             use_gradient_checkpointing=plan.gradient_checkpointing,
@@ -259,6 +262,28 @@ def load_model(
         for param in model.parameters():
             param.requires_grad_(True)
     return model
+
+
+def keep_4bit_training_layout(model: Any) -> None:
+    """Stop bitsandbytes repacking the 4-bit base for CPU inference.
+
+    On a CPU with AVX512-BF16, the first forward of a `Linear4bit` in eval mode without
+    gradients (the trainer's evaluation) rewrites its weight into a layout for a bf16 inference
+    kernel, rounds its absmax to bf16 and flags the quant state. The rewrite is one-way while
+    training: every later forward, in training too, takes the inference kernel, which passes no
+    gradient back through the frozen base. A run that evaluates before its first step (a fresh
+    one) then trains another model than one that resumes without evaluating first: the loss moves
+    by ~5e-5 and the LoRA gradients by ~80 % (tests/trainer/test_qlora_layout.py). Under ZeRO-3
+    the rewrite replaces the data of a partitioned parameter, which DeepSpeed's next gather
+    brings back in the original layout under the flagged quant state: fresh ZeRO-2 and ZeRO-3
+    runs computed different first-step losses (6.2678 vs 6.2308), and with this the same one
+    (tests/trainer/test_replan_resume.py, chain "qlora"). Inputs on a GPU never repack.
+    """
+    from bitsandbytes.nn.modules import Linear4bit
+
+    for layer in model.modules():
+        if isinstance(layer, Linear4bit):
+            layer.support_avx512bf16_for_cpu = False
 
 
 def _local_device(compute: ComputeSettings) -> str:
