@@ -315,7 +315,8 @@ def _backward_peak_bytes(workload: Workload, tokens: int) -> int:
     - full fine-tuning, fused experts: the gate-up experts' gradient, which comes once the down
       side of the experts (its output, the product, the activation, the gate-up output) is freed;
     - LoRA on fused experts: the gradient of the materialised `W + B·A`, the down projection's
-      first (the gate-up's comes once the down's materialised weight is freed: the difference).
+      first (the gate-up's comes once the down's materialised weight is freed: the difference);
+      frozen experts: the backward of each routed expert's product, as in a dense MLP.
 
     """
     shape, e = workload.shape, workload.param_bytes
@@ -329,8 +330,8 @@ def _backward_peak_bytes(workload: Workload, tokens: int) -> int:
             return product_backward
         largest = max(g.in_features * g.out_features for g in shape.groups if g.kind in ("linear", "router"))
         return max(e * largest + e * tokens * (inter + h), product_backward)
-    if materialised_expert_bytes_per_layer(workload) == 0:
-        return 0
+    if materialised_expert_bytes_per_layer(workload) == 0:  # frozen experts: their product's backward
+        return e * tokens * (3 * routed * inter + h - routed * h)
     down = experts["down_proj"]
     return e * max(down, experts["gate_up_proj"] - down) + e * tokens * routed * (inter + h)
 

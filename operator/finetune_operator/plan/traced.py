@@ -30,6 +30,7 @@ from torch.utils._pytree import tree_leaves
 from finetune_trainer.chunked_loss import causal_lm_loss, output_head
 
 from .meta_count import apply_lora, build_meta_model
+from .param_count import ALL_LINEAR
 
 
 @dataclass(frozen=True)
@@ -126,8 +127,9 @@ def trace_training_step(
     started = time.perf_counter()
     model: Any = build_meta_model(config, dtype=dtype)
     if lora_r is not None:
-        # peft adapts fused MoE expert weights through ParamWrapper, which rejects dropout.
-        dropout = 0.0 if config.get("num_local_experts") else lora_dropout
+        # peft adapts fused MoE expert weights (all-linear) through ParamWrapper, which rejects dropout.
+        fused_experts = bool(config.get("num_local_experts")) and ALL_LINEAR in target_modules
+        dropout = 0.0 if fused_experts else lora_dropout
         model = apply_lora(model, lora_r, target_modules, dropout=dropout)
     if cuda_dropout:
         _dropout_as_on_cuda(model)
