@@ -106,7 +106,9 @@ def test_checkpointing_reduces_activations(arch: str, method: str) -> None:
 def test_activations_grow_linearly_with_micro_batch() -> None:
     w = workload("llama-2-7b", "lora")
     one, four = (activation_bytes(w, m, checkpointing=False) for m in (1, 4))
-    assert four.activations == pytest.approx(4 * one.activations, rel=1e-6)
+    # the layers' terms are per token; what is not is the loss chunk, which `activations` is net of
+    # when the final norm's backward outgrows the loss (the peak is one or the other)
+    assert four.activations == pytest.approx(4 * one.activations, rel=0.01)
     # the loss runs in chunks: only the trained tokens' hidden states grow with the batch
     chunk = one.logits - HIDDEN_COPIES * 2 * w.shape.hidden_size * w.seq_len
     assert four.logits == chunk + 4 * HIDDEN_COPIES * 2 * w.shape.hidden_size * w.seq_len
@@ -178,7 +180,7 @@ def test_a_cpu_rank_is_planned_in_fp32_whatever_the_precision() -> None:
     assert (gpu.param_bytes, gpu.mixed_precision, gpu.on_cpu) == (2, True, False)
 
 
-def test_packing_on_cpu_adds_the_mask_and_the_masked_attention_and_nothing_on_gpu() -> None:
+def test_packing_on_cpu_adds_the_mask_and_the_masked_attention_and_on_gpu_drops_the_padding_masks() -> None:
     micro, seq = 8, 512
     off = activation_bytes(_tiny_cpu(), micro, checkpointing=False)
     on = activation_bytes(_tiny_cpu(dataset={"packing": True}), micro, checkpointing=False)
@@ -188,4 +190,7 @@ def test_packing_on_cpu_adds_the_mask_and_the_masked_attention_and_nothing_on_gp
     assert on.activations - off.activations == 16 * micro * seq * seq + layers * 24 * heads * micro * seq * seq
     gpu_off = activation_bytes(_tiny_cpu(resources={"gpusPerNode": 1}), micro, checkpointing=False)
     gpu_on = activation_bytes(_tiny_cpu(resources={"gpusPerNode": 1}, dataset={"packing": True}), micro, False)
-    assert gpu_on == gpu_off  # flash-attention's varlen kernel: position ids, no mask
+    # flash-attention's varlen kernel: position ids, no mask; padded rows give each layer's
+    # attention an additive copy of their mask (16-bit on GPU), which packing saves
+    assert gpu_on.logits == gpu_off.logits
+    assert gpu_off.activations - gpu_on.activations == layers * 2 * micro * seq * seq

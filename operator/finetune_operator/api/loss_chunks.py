@@ -17,8 +17,9 @@ IGNORE_INDEX = -100
 """The label of a position that is not trained (prompt, padding, a packed sample's first token)."""
 LOSS_CHUNK_ELEMENTS = 2**24
 """Logit entries (tokens × vocabulary) one chunk holds: 130 tokens of a 128k vocabulary."""
-HIDDEN_COPIES = 3
-"""Per trained token: the gathered hidden state, its gradient and the gradient scattered back."""
+HIDDEN_COPIES = 2
+"""Per trained token at the loss peak: the gathered hidden state and its gradient (scattering the
+gradient back comes after the chunk is freed, and the gathered copy is freed by then)."""
 HEAD_POSTPROCESSING_ATTRIBUTES = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 """Config attributes whose model transforms the head's output: the trainer keeps full logits there."""
 

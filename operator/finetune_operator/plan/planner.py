@@ -220,6 +220,7 @@ def traced_activations(spec: FineTuneJobSpec, workload: Workload) -> dict[bool, 
             lora_dropout=workload.lora_dropout,
             gradient_checkpointing=ckpt,
             dtype=dtype,
+            cuda_dropout=not workload.on_cpu,
         ).activation_peak_bytes
         for ckpt in (False, True)
     }

@@ -11,7 +11,9 @@ lazily: it needs torch, transformers and peft.
 
 The CPU trace runs PyTorch's CPU flash-attention kernel, which, like the GPU flash
 kernel, saves only q, k, v, the output and a log-sum-exp per row, so the number
-carries over to GPUs running flash or memory-efficient attention.
+carries over to GPUs running flash or memory-efficient attention. Dropout is the one op
+whose CPU kernel keeps more than the GPU's (a mask in the input's dtype, not a boolean):
+the trace runs it as CUDA does (`FusedDropout`) unless asked for a CPU rank's.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch.utils._pytree import tree_leaves
 from finetune_trainer.chunked_loss import causal_lm_loss, output_head
 
 from .meta_count import apply_lora, build_meta_model
+from .param_count import ALL_LINEAR
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,11 @@ def trace_training_step(
     lora_dropout: float = 0.05,
     gradient_checkpointing: bool = False,
     dtype: torch.dtype = torch.bfloat16,
+    cuda_dropout: bool = True,
 ) -> TracedStep:
-    """One forward + backward of the job's model under fake tensors; the peak of new storages."""
+    """One forward + backward of the job's model under fake tensors; the peak of new storages.
+
+    `cuda_dropout`: run dropout as CUDA does (see `FusedDropout`); False keeps a CPU rank's."""
     import time
 
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -121,9 +127,12 @@ def trace_training_step(
     started = time.perf_counter()
     model: Any = build_meta_model(config, dtype=dtype)
     if lora_r is not None:
-        # peft adapts fused MoE expert weights through ParamWrapper, which rejects dropout.
-        dropout = 0.0 if config.get("num_local_experts") else lora_dropout
+        # peft adapts fused MoE expert weights (all-linear) through ParamWrapper, which rejects dropout.
+        fused_experts = bool(config.get("num_local_experts")) and ALL_LINEAR in target_modules
+        dropout = 0.0 if fused_experts else lora_dropout
         model = apply_lora(model, lora_r, target_modules, dropout=dropout)
+    if cuda_dropout:
+        _dropout_as_on_cuda(model)
     model.train()
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -140,6 +149,30 @@ def trace_training_step(
             loss = model(**inputs).loss if head is None else causal_lm_loss(model, head, inputs, select=False)
             loss.backward()
     return TracedStep(counter.peak, sum(grad_bytes.values()), time.perf_counter() - started)
+
+
+class FusedDropout(torch.nn.Module):
+    """Dropout as CUDA runs it: `torch.dropout` on a GPU tensor calls the fused `native_dropout`,
+    which keeps a boolean mask for backward; on a CPU tensor it multiplies by a mask in the
+    input's dtype (2 bytes, not 1, per element in bf16). The trace runs on CPU and plans GPUs."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        out: torch.Tensor = torch.native_dropout(x, self.p, True)[0]
+        return out
+
+
+def _dropout_as_on_cuda(model: torch.nn.Module) -> None:
+    """Swap every `nn.Dropout` (LoRA's among them) for `FusedDropout` with the same probability."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Dropout:
+                parent._modules[name] = FusedDropout(child.p)
 
 
 def _hand_gradients_over(model: torch.nn.Module) -> dict[int, int]:
