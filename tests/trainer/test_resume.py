@@ -144,3 +144,38 @@ def test_sigkill_during_save_keeps_previous_checkpoint(
     assert second.wait(240) == 0, second.log()[-3000:]
     assert "removed incomplete checkpoints" in second.log()
     _assert_equivalent(second, reference, CHECKPOINT_EVERY + 1)
+
+
+@pytest.mark.timeout(600)
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_and_says_so(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    reference: tuple[dict[int, float], dict[str, Any], Path],
+    launch: Callable[..., Run],
+) -> None:
+    config = render_config(tmp_path / "config", _manifest(tiny_model_dir, reference[2]))
+    out = tmp_path / "out"
+    stop_at = 2 * CHECKPOINT_EVERY + 1
+    first = launch(config, out, tag="first", env={"FTJOB_FAULT_STOP": f"step:{stop_at}"})
+    assert wait_for(
+        lambda: (
+            any(e.get("step", 0) >= stop_at and "loss" in e for e in first.train_log())
+            or first.proc.poll() is not None
+        ),
+        timeout=240,
+    )
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    first.proc.wait()
+    saved = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
+    assert saved == [f"step-{CHECKPOINT_EVERY:08d}", f"step-{2 * CHECKPOINT_EVERY:08d}"], saved
+    damaged = out / "checkpoints" / saved[-1] / "trainable_state.pt"
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])  # a disk that lost the tail
+
+    second = launch(config, out, tag="second")
+    assert second.wait(240) == 0, second.log()[-3000:]
+    log = second.log()
+    assert f"checkpoint {out / 'checkpoints' / saved[-1]} is damaged" in log
+    assert f"kept as corrupt-{saved[-1]}, falling back to the previous checkpoint" in log
+    assert f"resumed from {out / 'checkpoints' / saved[0]}" in log
+    assert (out / "checkpoints" / f"corrupt-{saved[-1]}" / "trainable_state.pt").exists(), "nothing is deleted"
+    _assert_equivalent(second, reference, CHECKPOINT_EVERY + 1)

@@ -70,6 +70,18 @@ def newest(root: Path) -> Found | None:
     return done[-1] if done else None
 
 
+def set_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint to `corrupt-step-N` (kept for inspection, never loaded,
+    never pruned); rank 0 only."""
+    target = path.with_name(f"corrupt-{path.name}")
+    suffix = 1
+    while target.exists():
+        target = path.with_name(f"corrupt-{path.name}.{suffix}")
+        suffix += 1
+    path.rename(target)
+    return target
+
+
 def remove_partial(root: Path) -> list[str]:
     """Delete leftovers of interrupted saves (rank 0, before anyone reads)."""
     removed = []

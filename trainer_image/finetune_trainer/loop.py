@@ -296,11 +296,10 @@ class Trainer:
             if removed:
                 log.warning("removed incomplete checkpoints %s (a save was interrupted)", removed)
         self.dist.barrier()
-        found = checkpoint.newest(self.ckpt_root)
-        if found is None:
+        loaded = self._load_newest_readable()
+        if loaded is None:
             return CheckpointState(global_step=0)
-        self._check_global_batch(found)
-        converted = checkpoint.load(self.engine, found, self.dist, self.strategy)
+        found, converted = loaded
         self.engine.global_steps = found.state.global_step
         self.engine.global_samples = self.engine.global_steps * self.sampler.per_step
         if rank == 0:
@@ -311,6 +310,38 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.progress.resumed(*self.resumed)
         return found.state
+
+    def _load_newest_readable(self) -> tuple[checkpoint.Found, bool] | None:
+        """Load the newest checkpoint every rank can read; a damaged one (a truncated or
+        unreadable file on any rank) is set aside as `corrupt-step-N`, said so in the log,
+        and the one before it is tried. None: no checkpoint, or none readable (fresh start)."""
+        from .settings import ConfigError
+
+        candidates = checkpoint.complete_checkpoints(self.ckpt_root)
+        for found in reversed(candidates):
+            self._check_global_batch(found)
+            error = ""
+            try:
+                converted = checkpoint.load(self.engine, found, self.dist, self.strategy)
+            except ConfigError:
+                raise  # a strategy the checkpoint cannot be converted to: not damage, never skipped
+            except (OSError, EOFError, RuntimeError, ValueError, KeyError, IndexError) as exc:
+                error = f"{type(exc).__name__}: {str(exc)[:300]}"
+                log.warning("cannot load checkpoint %s on rank %d: %s", found.path, self.dist.rank, error)
+            if not self.dist.sum([1.0 if error else 0.0])[0]:
+                return found, converted
+            if self.dist.rank == 0:
+                kept = checkpoint.set_aside(found.path)
+                log.warning(
+                    "checkpoint %s is damaged (%s); kept as %s, falling back to the previous checkpoint",
+                    found.path,
+                    error or "unreadable on another rank",
+                    kept.name,
+                )
+            self.dist.barrier()
+        if candidates and self.dist.rank == 0:
+            log.warning("no checkpoint could be loaded; training starts from step 0")
+        return None
 
     def _micro_batches(self, step: int) -> _StepTotals:
         """Forward, backward and (at the boundary) the optimizer step over this rank's micro-batches."""
