@@ -179,3 +179,44 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_and_says_so(
     assert f"resumed from {out / 'checkpoints' / saved[0]}" in log
     assert (out / "checkpoints" / f"corrupt-{saved[-1]}" / "trainable_state.pt").exists(), "nothing is deleted"
     _assert_equivalent(second, reference, CHECKPOINT_EVERY + 1)
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs as the full output disk needs root")
+def test_a_full_output_disk_names_the_cause_and_keeps_the_previous_checkpoint(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    reference: tuple[dict[int, float], dict[str, Any], Path],
+    launch: Callable[..., Run],
+) -> None:
+    import subprocess
+
+    from finetune_trainer.checkpoint import complete_checkpoints
+
+    one = _tree_bytes(reference[2].parent / "out" / "checkpoints" / f"step-{STEPS - 1:08d}")
+    out = tmp_path / "out"
+    out.mkdir()
+    size_kib = (2 * one + one // 2) // 1024 + 64  # two checkpoints fit, a third never does
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(out)], check=True)
+    try:
+        config = render_config(tmp_path / "config", _manifest(tiny_model_dir, reference[2]))
+        run = launch(config, out, tag="full")
+        assert run.wait(240) != 0, "the run finished on a disk too small for its third checkpoint"
+        line = run.termination()
+        assert line.startswith("OutputFull: no space left on the output volume"), line
+        assert f"checkpoint step-{3 * CHECKPOINT_EVERY:08d}" in line, line
+        assert f"the previous checkpoint step-{2 * CHECKPOINT_EVERY:08d} is intact" in line, line
+        assert "checkpointsToKeep" in line
+        saved = complete_checkpoints(out / "checkpoints")
+        assert [f.step for f in saved] == [CHECKPOINT_EVERY, 2 * CHECKPOINT_EVERY]
+        assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".tmp-")], "space given back"
+        import torch
+
+        state = torch.load(saved[-1].path / "trainable_state.pt", weights_only=True)
+        assert state, "the previous checkpoint still loads"
+    finally:
+        subprocess.run(["umount", "-l", str(out)], check=False)

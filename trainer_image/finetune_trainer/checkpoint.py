@@ -19,6 +19,7 @@ wrote it (`strategy`: ZeRO stage, offload, micro-batch, accumulation, world size
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
@@ -35,6 +36,38 @@ from . import universal
 STATE_FILE = "trainer_state.json"
 TMP_PREFIX = ".tmp-"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class OutputFull(RuntimeError):
+    """The output volume is full (ENOSPC) or over quota (EDQUOT) while saving a checkpoint."""
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+ALMOST_FULL_BYTES = 64 * 2**20
+"""torch's zip writer reports a full disk as "unexpected pos" without the errno: a failed
+write with less than this left on the volume is taken as a full volume."""
+
+
+def output_full(exc: BaseException, root: Path, step: int) -> OutputFull | None:
+    """The clear root cause for a save that failed for lack of space, else None."""
+    cause: BaseException | None = exc
+    while cause is not None and not (isinstance(cause, OSError) and cause.errno in NO_SPACE):
+        cause = cause.__cause__ or cause.__context__
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        free = -1
+    if cause is None and not (0 <= free < ALMOST_FULL_BYTES):
+        return None
+    intact = newest(root)
+    kept = f"the previous checkpoint {intact.path.name} is intact" if intact else "no earlier checkpoint exists"
+    return OutputFull(
+        f"no space left on the output volume ({root}, {free / 2**20:.1f} MiB free) while saving checkpoint "
+        f"{step_dir_name(step)}; {kept}: give the output claim more space or lower "
+        "spec.training.checkpointsToKeep"
+    )
 
 
 def step_dir_name(step: int) -> str:
@@ -199,21 +232,35 @@ def save(
         if tmp.exists():
             shutil.rmtree(tmp)
     barrier()
-    if portable_state:
-        tmp.mkdir(parents=True, exist_ok=True)  # every rank writes its RNG state there
-        portable.save(engine, tmp, rank)
-    else:
-        engine.save_checkpoint(str(root), tag=tmp_tag, save_latest=False)
+    try:
+        if portable_state:
+            tmp.mkdir(parents=True, exist_ok=True)  # every rank writes its RNG state there
+            portable.save(engine, tmp, rank)
+        else:
+            engine.save_checkpoint(str(root), tag=tmp_tag, save_latest=False)
+        torch.save(rng_state(), tmp / f"rng_state_rank{rank}.pt")
+    except (OSError, RuntimeError) as exc:
+        full = output_full(exc, root, step)
+        if full is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # give the space back; the folder was never complete
+        raise full from exc
     state = state.model_copy(update={"checkpoint_format": FORMAT_TRAINABLE if portable_state else FORMAT_DEEPSPEED})
-    torch.save(rng_state(), tmp / f"rng_state_rank{rank}.pt")
     barrier()
     if rank == 0:
         fault_point("save", step)
         state_path = tmp / STATE_FILE
-        with state_path.open("w") as fh:
-            fh.write(state.to_file())
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with state_path.open("w") as fh:
+                fh.write(state.to_file())
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            full = output_full(exc, root, step)
+            if full is None:
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise full from exc
         _fsync_dir(tmp)
         if final.exists():  # a re-save of the same step after a resume
             shutil.rmtree(final)

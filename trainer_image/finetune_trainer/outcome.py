@@ -64,6 +64,7 @@ def is_oom_text(text: str) -> bool:
 
 def classify(exc: BaseException) -> TerminationReason:
     """The Reason for an exception raised on a rank."""
+    from .checkpoint import OutputFull
     from .data.loading import DataError, DataUnavailable
     from .modeling import ModelNotFound
     from .settings import ConfigError
@@ -78,6 +79,8 @@ def classify(exc: BaseException) -> TerminationReason:
         return MODEL_NOT_FOUND
     if isinstance(exc, ConfigError):
         return CONFIG_ERROR
+    if isinstance(exc, OutputFull):
+        return TerminationReason.OUTPUT_FULL
     if isinstance(exc, StoppedBySignal):
         return TERMINATED
     return TRAINING_ERROR

@@ -41,6 +41,9 @@ class TerminationReason(StrEnum):
     TRAINING_ERROR = "TrainingError"
     TERMINATED = "Terminated"
     RANK_KILLED = "RankKilled"
+    OUTPUT_FULL = "OutputFull"
+    """The output volume ran out of space (or quota) while saving; retried, since space can be
+    freed while the job waits, and the previous checkpoint is intact."""
 
 
 NOT_RETRIED = frozenset({TerminationReason.CONFIG_ERROR, TerminationReason.DATA_ERROR})
