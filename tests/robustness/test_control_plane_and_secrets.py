@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Iterator
 
 import pytest
@@ -17,8 +18,8 @@ SPEC = {"model": {"uri": "builtin://tiny-llama"}, "dataset": {"uri": "/data/trai
 
 
 @pytest.fixture
-def ns(robust_kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
-    name = "cp-" + request.node.name.split("_")[1][:20].lower()
+def ns(robust_kube: Kube) -> Iterator[str]:
+    name = f"cp-{secrets.token_hex(4)}"
     robust_kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
     yield name
     robust_kube.delete(f"/api/v1/namespaces/{name}")
