@@ -326,6 +326,8 @@ class Trainer:
             except ConfigError:
                 raise  # a strategy the checkpoint cannot be converted to: not damage, never skipped
             except (OSError, EOFError, RuntimeError, ValueError, KeyError, IndexError) as exc:
+                if type(exc).__name__ == "OutOfMemoryError":
+                    raise  # torch's CUDA OOM is a RuntimeError: not damage, the operator re-plans it
                 error = f"{type(exc).__name__}: {str(exc)[:300]}"
                 log.warning("cannot load checkpoint %s on rank %d: %s", found.path, self.dist.rank, error)
             if not self.dist.sum([1.0 if error else 0.0])[0]:
