@@ -86,17 +86,9 @@ def _resume_point(run_log: list[dict[str, Any]]) -> int:
     return max(int(e["step"]) for e in run_log if "loss" in e)
 
 
-@pytest.mark.timeout(600)
-def test_sigkill_mid_epoch_then_resume_matches(
-    tmp_path: Path,
-    tiny_model_dir: Path,
-    reference: tuple[dict[int, float], dict[str, Any], Path],
-    launch: Callable[..., Run],
-) -> None:
-    config = render_config(tmp_path / "config", _manifest(tiny_model_dir, reference[2]))
-    out = tmp_path / "out"
-    stop_at = CHECKPOINT_EVERY + 2  # between two checkpoints: steps after the last one are lost
-    # the ranks SIGSTOP themselves after logging `stop_at`, so the kill below cannot race the loop
+def _killed_after(launch: Callable[..., Run], config: Path, out: Path, stop_at: int) -> Run:
+    """A run whose whole pod is SIGKILLed once step `stop_at` is logged: the ranks SIGSTOP
+    themselves there, so the kill cannot race the loop."""
     first = launch(config, out, tag="first", env={"FTJOB_FAULT_STOP": f"step:{stop_at}"})
     assert wait_for(
         lambda: (
@@ -107,6 +99,20 @@ def test_sigkill_mid_epoch_then_resume_matches(
     )
     os.killpg(first.proc.pid, signal.SIGKILL)  # the whole pod dies at once
     first.proc.wait()
+    return first
+
+
+@pytest.mark.timeout(600)
+def test_sigkill_mid_epoch_then_resume_matches(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    reference: tuple[dict[int, float], dict[str, Any], Path],
+    launch: Callable[..., Run],
+) -> None:
+    config = render_config(tmp_path / "config", _manifest(tiny_model_dir, reference[2]))
+    out = tmp_path / "out"
+    stop_at = CHECKPOINT_EVERY + 2  # between two checkpoints: steps after the last one are lost
+    first = _killed_after(launch, config, out, stop_at)
     assert not (out / "COMPLETED.json").exists(), "the run finished before it could be killed"
     killed_at = _resume_point(first.train_log())
     saved = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
@@ -156,16 +162,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_and_says_so(
     config = render_config(tmp_path / "config", _manifest(tiny_model_dir, reference[2]))
     out = tmp_path / "out"
     stop_at = 2 * CHECKPOINT_EVERY + 1
-    first = launch(config, out, tag="first", env={"FTJOB_FAULT_STOP": f"step:{stop_at}"})
-    assert wait_for(
-        lambda: (
-            any(e.get("step", 0) >= stop_at and "loss" in e for e in first.train_log())
-            or first.proc.poll() is not None
-        ),
-        timeout=240,
-    )
-    os.killpg(first.proc.pid, signal.SIGKILL)
-    first.proc.wait()
+    _killed_after(launch, config, out, stop_at)
     saved = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
     assert saved == [f"step-{CHECKPOINT_EVERY:08d}", f"step-{2 * CHECKPOINT_EVERY:08d}"], saved
     damaged = out / "checkpoints" / saved[-1] / "trainable_state.pt"
