@@ -19,12 +19,14 @@ wrote it (`strategy`: ZeRO stage, offload, micro-batch, accumulation, world size
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
 import re
 import shutil
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,20 @@ def output_full(exc: BaseException, root: Path, step: int) -> OutputFull | None:
         f"{step_dir_name(step)}; {kept}: give the output claim more space or lower "
         "spec.training.checkpointsToKeep"
     )
+
+
+@contextlib.contextmanager
+def _space_checked(root: Path, tmp: Path, step: int) -> Iterator[None]:
+    """Writes into the save folder `tmp`: a failure for lack of space becomes `OutputFull`, and
+    the incomplete folder is removed at once to give the space back."""
+    try:
+        yield
+    except (OSError, RuntimeError) as exc:
+        full = output_full(exc, root, step)
+        if full is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise full from exc
 
 
 def step_dir_name(step: int) -> str:
@@ -232,35 +248,22 @@ def save(
         if tmp.exists():
             shutil.rmtree(tmp)
     barrier()
-    try:
+    with _space_checked(root, tmp, step):
         if portable_state:
             tmp.mkdir(parents=True, exist_ok=True)  # every rank writes its RNG state there
             portable.save(engine, tmp, rank)
         else:
             engine.save_checkpoint(str(root), tag=tmp_tag, save_latest=False)
         torch.save(rng_state(), tmp / f"rng_state_rank{rank}.pt")
-    except (OSError, RuntimeError) as exc:
-        full = output_full(exc, root, step)
-        if full is None:
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)  # give the space back; the folder was never complete
-        raise full from exc
     state = state.model_copy(update={"checkpoint_format": FORMAT_TRAINABLE if portable_state else FORMAT_DEEPSPEED})
     barrier()
     if rank == 0:
         fault_point("save", step)
         state_path = tmp / STATE_FILE
-        try:
-            with state_path.open("w") as fh:
-                fh.write(state.to_file())
-                fh.flush()
-                os.fsync(fh.fileno())
-        except OSError as exc:
-            full = output_full(exc, root, step)
-            if full is None:
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise full from exc
+        with _space_checked(root, tmp, step), state_path.open("w") as fh:
+            fh.write(state.to_file())
+            fh.flush()
+            os.fsync(fh.fileno())
         _fsync_dir(tmp)
         if final.exists():  # a re-save of the same step after a resume
             shutil.rmtree(final)
