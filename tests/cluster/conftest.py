@@ -12,7 +12,8 @@ Fixtures:
   With FTJOB_TEST_CLUSTER_DIR pointing at the work dir of a cluster started by
   `python -m finetune_localcluster up`, that cluster is used and left running.
 - `kubeconfig` (Path), `kube` (finetune_localcluster.Kube, raw JSON), `k8s_client`
-  (kubernetes.client.ApiClient), `core_v1`, `apps_v1`.
+  (kubernetes.client.ApiClient), `core_v1`, `apps_v1`; `crd`: the FineTuneJob CRD, applied and
+  established, without an operator.
 - `namespace`: a fresh namespace name; `restricted_namespace`: the same with
   `pod-security.kubernetes.io/enforce: restricted`; `make_namespace(restricted=..., labels=...)`
   for more than one.
@@ -29,6 +30,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import kubernetes
 import pytest
@@ -36,6 +38,7 @@ import pytest
 from finetune_localcluster import Kube, KubeError, LocalCluster, wait_for
 from finetune_localcluster.binaries import ensure_binaries
 from finetune_localcluster.devtools import OperatorProcess, install_crd
+from finetune_operator.api.crdgen import build_crd
 
 HERE = Path(__file__).parent
 CLUSTER_TIMEOUT_S = 300
@@ -110,6 +113,27 @@ def operator(kube: Kube, kubeconfig: Path, tmp_path_factory: pytest.TempPathFact
     process.start()
     yield process
     process.stop()
+
+
+@pytest.fixture(scope="session")
+def crd(kube: Kube) -> dict[str, Any]:
+    manifest = build_crd()
+    name = manifest["metadata"]["name"]
+    kube.request(
+        "PATCH",
+        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
+        manifest,
+        params={"fieldManager": "tests", "force": "true"},
+        content_type="application/apply-patch+yaml",
+    )
+
+    def established() -> dict[str, Any] | None:
+        got = kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        conditions = {c["type"]: c["status"] for c in (got.get("status") or {}).get("conditions") or []}
+        return got if conditions.get("Established") == "True" else None
+
+    result: dict[str, Any] = wait_for(established, 30, "the FineTuneJob CRD to be established")
+    return result
 
 
 @pytest.fixture

@@ -20,33 +20,11 @@ import yaml
 from finetune_localcluster import Kube, KubeError, wait_for
 from finetune_localcluster.binaries import cached_binaries
 from finetune_operator.api import FineTuneJob
-from finetune_operator.api.crdgen import build_crd
 from tests.factories import BASE_JOB, job_document
 from tests.unit.test_api_fuzz import ABSENT, MENU, OPERATOR_CHECKED, _pydantic, _set
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 JOBS = "/apis/finetune.dev/v1alpha1/namespaces/{ns}/finetunejobs"
-
-
-@pytest.fixture(scope="session")
-def crd(kube: Kube) -> dict[str, Any]:
-    manifest = build_crd()
-    name = manifest["metadata"]["name"]
-    kube.request(
-        "PATCH",
-        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
-        manifest,
-        params={"fieldManager": "tests", "force": "true"},
-        content_type="application/apply-patch+yaml",
-    )
-
-    def established() -> dict[str, Any] | None:
-        got = kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-        conditions = {c["type"]: c["status"] for c in (got.get("status") or {}).get("conditions") or []}
-        return got if conditions.get("Established") == "True" else None
-
-    result: dict[str, Any] = wait_for(established, 30, "the FineTuneJob CRD to be established")
-    return result
 
 
 def create(kube: Kube, ns: str, doc: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from finetune_operator.reconcile.cluster_io import ClusterIO, Conflict
+from finetune_operator.reconcile.cluster_io import ClusterIO, Conflict, JobGone
 from finetune_operator.reconcile.observed import observe
 from finetune_operator.reconcile.runner import Reconciler
 from finetune_operator.render.options import RenderOptions
@@ -70,3 +70,17 @@ def test_a_status_write_that_loses_a_conflict_deletes_no_pod() -> None:
     store.conflict = False
     reconciler.reconcile(store.read_job("", ""), observe(sts, failed))
     assert store.deleted_with_restarts == [1]
+
+
+def test_a_job_deleted_during_a_pass_ends_the_pass_quietly() -> None:
+    """The status write of a job deleted meanwhile answers 404: the pass ends, deletes no pod and
+    raises nothing (it used to raise, and the work queue retried a job that no longer exists)."""
+    store = _store()
+    reconciler, sts, failed = _running(store)
+
+    def gone(*_: Any) -> str:
+        raise JobGone("default/tiny")
+
+    store.patch_status = gone  # type: ignore[method-assign]
+    outcome = reconciler.reconcile(store.read_job("", ""), observe(sts, failed))
+    assert not outcome.wrote_status and store.deleted_with_restarts == []

@@ -39,6 +39,10 @@ class Conflict(Exception):
     """The job changed since it was read; decide again on the fresh object."""
 
 
+class JobGone(Conflict):
+    """The job was deleted since it was read: there is nothing left to decide on."""
+
+
 class ChildWriteError(Exception):
     """A child of the job could not be written: someone else's object of its name (`conflict`),
     a refusal by the apiserver (`status`, its message) or no answer (`status` None)."""
@@ -155,7 +159,8 @@ class ClusterIO:
         return body
 
     def patch_status(self, namespace: str, name: str, resource_version: str | None, status: dict[str, Any]) -> str:
-        """Replace the status; stale resourceVersion → Conflict (never overwrite newer counts).
+        """Replace the status; stale resourceVersion → Conflict (never overwrite newer counts), a
+        job deleted meanwhile → JobGone (a pass that raced the deletion, not an error).
 
         Returns the job's new resourceVersion.
         """
@@ -171,6 +176,8 @@ class ClusterIO:
         except ApiException as exc:
             if exc.status == 409:
                 raise Conflict(str(exc.reason)) from exc
+            if exc.status == 404:
+                raise JobGone(f"{namespace}/{name}") from exc
             raise
         body = json.loads(response.data or b"{}")
         _release(response)

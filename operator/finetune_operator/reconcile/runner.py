@@ -341,7 +341,7 @@ class Reconciler:
             written = self.cluster.patch_status(
                 meta["namespace"], meta["name"], meta.get("resourceVersion"), status_patch(old, new)
             )
-        except Conflict:
+        except Conflict:  # JobGone too: no pass follows a deletion
             return False  # the next pass decides again on the newer object
         self._written[str(meta.get("uid", ""))] = written
         return True
