@@ -84,8 +84,14 @@ def _children(kube: Kube, ns: str, job: str) -> dict[str, int]:
     return counts
 
 
-def _wait(what: str, check: Any) -> Any:
-    return wait_for(check, STEP_S, what, interval=0.5)
+def _wait(what: str, check: Any, jobs: Jobs, name: str) -> Any:
+    """`wait_for`, and on a timeout what the job and its pods looked like (to tell an operator
+    that never decided from a harness that never reported)."""
+    try:
+        return wait_for(check, STEP_S, what, interval=0.5)
+    except TimeoutError as exc:
+        pods = {p["metadata"]["name"]: p.get("status") for p in jobs.pods(name)}
+        raise TimeoutError(f"{exc}\nstatus: {json.dumps(jobs.status(name))}\npods: {json.dumps(pods)}") from exc
 
 
 @pytest.mark.slow
@@ -124,7 +130,7 @@ def test_fifty_lifecycles_converge_while_the_operator_is_killed(
             for name in names:
                 jobs.create(name, **spec)
             for name in names:  # one rank fails: a gang restart
-                pods = _wait(f"{name} running", lambda n=name: running_with_pods(n))
+                pods = _wait(f"{name} running", lambda n=name: running_with_pods(n), jobs, name)
                 before = {p["metadata"]["uid"] for p in pods}
                 jobs.report(pods[0]["metadata"]["name"], {"exitCode": 1, "message": "rank died"})
                 _wait(
@@ -132,14 +138,16 @@ def test_fifty_lifecycles_converge_while_the_operator_is_killed(
                     lambda n=name, b=before: (
                         observe(n).get("restarts", 0) >= 1 and not ({p["metadata"]["uid"] for p in jobs.pods(n)} & b)
                     ),
+                    jobs,
+                    name,
                 )
             for name in names:  # then every rank finishes
-                pods = _wait(f"{name} running again", lambda n=name: running_with_pods(n))
+                pods = _wait(f"{name} running again", lambda n=name: running_with_pods(n), jobs, name)
                 for pod in pods:
                     jobs.report(pod["metadata"]["name"],
                                 {"exitCode": 0, "reason": "Completed", "message": json.dumps(SUMMARY)})  # fmt: skip
             for name in names:
-                _wait(f"{name} Succeeded", lambda n=name: observe(n).get("state") == "Succeeded")
+                _wait(f"{name} Succeeded", lambda n=name: observe(n).get("state") == "Succeeded", jobs, name)
             for name in names:
                 robust_kube.delete(f"/apis/finetune.dev/v1alpha1/namespaces/{chaos_namespace}/finetunejobs/{name}")
     print(f"{LIFECYCLES} lifecycles, {chaos.kills} operator SIGKILLs, restarts seen: {sorted(set(highest.values()))}")

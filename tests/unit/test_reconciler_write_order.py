@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import pytest
+
 from finetune_operator.reconcile.cluster_io import ClusterIO, Conflict, JobGone
 from finetune_operator.reconcile.observed import observe
 from finetune_operator.reconcile.runner import Reconciler
@@ -81,6 +83,35 @@ def test_a_job_deleted_during_a_pass_ends_the_pass_quietly() -> None:
     def gone(*_: Any) -> str:
         raise JobGone("default/tiny")
 
-    store.patch_status = gone  # type: ignore[method-assign]
+    store.patch_status = gone  # type: ignore[method-assign,assignment]
     outcome = reconciler.reconcile(store.read_job("", ""), observe(sts, failed))
     assert not outcome.wrote_status and store.deleted_with_restarts == []
+
+
+class DiesAtScaleDown(OrderedStore):
+    """An operator SIGKILLed the moment it scales the workers to 0."""
+
+    def apply(self, objects: Any, owner_uid: str) -> None:
+        if _sts(list(objects))["spec"]["replicas"] == 0:
+            raise SystemExit("killed")
+        super().apply(objects, owner_uid)
+
+
+def test_the_verdict_is_stored_before_the_finished_gang_is_scaled_away() -> None:
+    """A finished gang's exit codes live only in its pods, which the scale-down deletes: an
+    operator killed between the scale-down and the status write found neither, and the job never
+    got its verdict (the chaos test found it). The verdict is stored first."""
+    doc = job_document(resources={"numNodes": 2, "gpusPerNode": 8})
+    doc["metadata"].update({"uid": "u1", "resourceVersion": "1", "generation": 1})
+    store = DiesAtScaleDown(doc)
+    reconciler, sts, _ = _running(store)
+    config_hash = sts["spec"]["template"]["metadata"]["annotations"]["finetune.dev/config-hash"]
+    summary = '{"finalLoss": 0.5, "steps": 10, "tokens": 100}'
+    done = [pod(i, config_hash=config_hash, state={"terminated": exited(0, summary, "Completed")}) for i in (0, 1)]
+    with pytest.raises(SystemExit):
+        reconciler.reconcile(store.read_job("", ""), observe(sts, done))
+    assert store.body["status"]["state"] == "Succeeded", store.body["status"]
+    # the restarted operator scales the gang down from the stored verdict alone (the pods are gone)
+    restarted = Reconciler(cast(ClusterIO, OrderedStore(store.body)), RenderOptions(trainer_image="t"), lambda *_: None)
+    outcome = restarted.reconcile(store.body, observe(sts, []))
+    assert outcome.applied and outcome.decision is not None and outcome.decision.replicas == 0

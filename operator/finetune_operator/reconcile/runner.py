@@ -167,7 +167,13 @@ class Reconciler:
             decision, job = self._decide(fresh, observed)
             if job is None:
                 return self._write_invalid(fresh, namespace, name, decision)
-        applied = False
+        applied = early_events = False
+        if _scales_to_zero(observed, decision) and (fresh.get("status") or {}) != decision.status.to_wire():
+            # The verdict first: a finished gang's exit codes live only in its pods, which the
+            # scale-down deletes. An operator killed between the two would find neither.
+            if not self._write_status(fresh, decision):
+                return Outcome(decision, False, False, None)  # lost a race: the next pass decides again
+            fresh, early_events = self._as_written(fresh, decision), True
         if decision.plan is not None and (apply_all or self._needs_apply(job, observed, decision)):
             gang = self._desired_hash(job, decision.plan)
             objects = render_all(
@@ -184,7 +190,7 @@ class Reconciler:
         # failed pods are deleted: an operator killed in between then finds the same failure
         # already counted and only deletes, instead of finding new pods and no trace of it.
         unchanged = (fresh.get("status") or {}) == decision.status.to_wire()
-        wrote = self._write_status(fresh, decision)
+        wrote = self._write_status(fresh, decision) or early_events
         if decision.delete_pods and (wrote or unchanged):
             self.cluster.delete_pods(namespace, [(p.name, p.uid) for p in observed.pods if not p.deleting])
         if wrote:
@@ -346,6 +352,12 @@ class Reconciler:
         self._written[str(meta.get("uid", ""))] = written
         return True
 
+    def _as_written(self, body: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
+        """The job as this operator's last status write left it (its status, its new version)."""
+        meta = dict(body.get("metadata", {}))
+        meta["resourceVersion"] = self._written.get(str(meta.get("uid", "")), meta.get("resourceVersion"))
+        return {**body, "metadata": meta, "status": decision.status.to_wire()}
+
     def is_own_write(self, uid: str, resource_version: str) -> bool:
         """Whether this version of the job is the status this operator just wrote: its watch
         event needs no pass (the pass that wrote it already decided on everything else)."""
@@ -365,6 +377,11 @@ class Reconciler:
             metrics.RESTARTS.labels(namespace).inc()
         if event.reason == R.REPLANNED:
             metrics.REPLANS.labels("OutOfMemory").inc()
+
+
+def _scales_to_zero(observed: Observed, decision: Decision) -> bool:
+    """Whether this pass scales running workers down to none (success, failure, suspension)."""
+    return decision.plan is not None and decision.replicas == 0 and bool(observed.workers and observed.workers.replicas)
 
 
 def _without_progress_time(status: FineTuneJobStatus | None) -> Any:
