@@ -125,7 +125,12 @@ def test_gpu_request_beyond_capacity_stays_pending(kube: Kube, namespace: str) -
 
     event = wait_for(failed_scheduling, WAIT_S, "a FailedScheduling event")
     assert "Insufficient nvidia.com/gpu" in event["message"]
-    status = kube.get(pod_path(namespace, "too-big"))
+    # the Event and the pod's condition are two writes: the condition may land a moment later
+    status = wait_for(
+        lambda: (got := kube.get(pod_path(namespace, "too-big")))["status"].get("conditions") and got,
+        WAIT_S,
+        "the PodScheduled condition",
+    )
     assert status["status"]["phase"] == "Pending"
     assert not status["spec"].get("nodeName")
     scheduled = next(c for c in status["status"]["conditions"] if c["type"] == "PodScheduled")
@@ -435,3 +440,28 @@ def test_startup_failure_names_the_component_and_cleans_up(tmp_path: Path) -> No
         cluster.up()
     assert not workdir.exists()
     assert cluster.procs == []
+
+
+def test_a_control_plane_component_that_exits_is_started_again(
+    local_cluster: LocalCluster, kube: Kube, namespace: str
+) -> None:
+    """As the kubelet restarts a static pod. kube-scheduler exits on purpose when it finds its
+    cache corrupted (seen after an apiserver outage in the robustness tier); nothing was ever
+    scheduled again until this harness restarted it."""
+    import signal
+
+    old = next(p for p in local_cluster.procs if p["name"] == "kube-scheduler")
+    restarts = local_cluster.restarts.get("kube-scheduler", 0)
+    os.killpg(old["pid"], signal.SIGKILL)
+    wait_for(lambda: local_cluster.restarts.get("kube-scheduler", 0) > restarts, WAIT_S, "the scheduler's restart")
+    new = next(p for p in local_cluster.procs if p["name"] == "kube-scheduler")
+    assert new["pid"] != old["pid"] and new["argv"] == old["argv"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "after-restart"},
+        "spec": {"containers": [{"name": "c", "image": "x"}], "nodeSelector": KWOK_NODE_SELECTOR},
+    }
+    kube.create(f"/api/v1/namespaces/{namespace}/pods", pod)
+    bound = wait_for(lambda: kube.get(pod_path(namespace, "after-restart"))["spec"].get("nodeName"), 60, "a binding")
+    assert bound.startswith("kwok-gpu-")

@@ -22,6 +22,10 @@ Design notes:
   death signal follows the *thread* that called `up()`: call it from a long-lived thread.
 - Every wait is bounded; a startup failure raises `ClusterError` with the tail of the failing
   component's log, after stopping whatever was already started.
+- A control-plane component that exits by itself is started again, as the kubelet restarts a
+  static pod (unless `detach=True`: then nothing outlives the call to watch it). This is not
+  a nicety: kube-scheduler exits on purpose when it finds its cache corrupted, which a binding
+  left unconfirmed by an apiserver outage can cause; without a restart no pod is scheduled again.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -69,6 +74,9 @@ KWOK_STAGE_FILES = [
     "pod/fast/pod-delete.yaml",
 ]
 STOP_TIMEOUT_S = 10.0
+SUPERVISED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kueue")
+RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
+"""Waits before each further restart of one component (the kubelet's back-off, shortened)."""
 
 
 class ClusterError(RuntimeError):
@@ -169,6 +177,11 @@ class LocalCluster:
         self.procs: list[dict[str, Any]] = []
         self._popens: dict[int, subprocess.Popen[bytes]] = {}
         self.server = ""
+        self.restarts: dict[str, int] = {}
+        """Restarts of each component after it exited by itself (not those asked by `restart`)."""
+        self._procs_lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
 
     # -- public API ------------------------------------------------------------------------
     @property
@@ -205,9 +218,13 @@ class LocalCluster:
 
     def down(self) -> None:
         """Stop every recorded process (newest first), by pid, then remove the work dir."""
-        for proc in reversed(self.procs):
-            self._stop(proc)
-        self.procs = []
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=60)
+        with self._procs_lock:
+            for proc in reversed(self.procs):
+                self._stop(proc)
+            self.procs = []
         if self.workdir.exists() and not self.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
         elif self.workdir.exists():
@@ -217,11 +234,13 @@ class LocalCluster:
         """Stop one component (`etcd`, `kube-apiserver`, ...) by pid, keep it down `down_s`
         seconds, and start it again with the same arguments (same ports, same etcd data);
         returns once it answers again. For tests of what survives a control-plane restart."""
-        proc = next(p for p in self.procs if p["name"] == name)
-        self._stop(proc)
-        self.procs.remove(proc)
+        with self._procs_lock:  # the supervisor must not take this stop for a crash
+            proc = next(p for p in self.procs if p["name"] == name)
+            self._stop(proc)
+            self.procs.remove(proc)
         time.sleep(down_s)
-        restarted = self._start(name, list(proc["argv"]))
+        with self._procs_lock:
+            restarted = self._start(name, list(proc["argv"]))
         cert = (str(self.workdir / "pki" / "admin.crt"), str(self.workdir / "pki" / "admin.key"))
         checks: dict[str, Callable[[], bool]] = {
             "etcd": lambda: any(
@@ -377,6 +396,33 @@ class LocalCluster:
         finally:
             kube.close()
         self._save_state()
+        if not self.detach:
+            self._supervisor = threading.Thread(target=self._supervise, name="local-cluster-supervisor", daemon=True)
+            self._supervisor.start()
+
+    def _supervise(self) -> None:
+        """Start again, with the same arguments, every supervised component that exited by itself,
+        waiting `RESTART_BACKOFF_S` between the restarts of one component. Processes are started
+        from this thread: their death signal (see the module notes) follows it, and it lives until
+        `down`."""
+        not_before: dict[str, float] = {}
+        while not self._stopping.wait(0.5):
+            with self._procs_lock:
+                for proc in list(self.procs):
+                    name, popen = proc["name"], self._popens.get(proc["pid"])
+                    if name not in SUPERVISED or popen is None or popen.poll() is None:
+                        continue
+                    if time.monotonic() < not_before.get(name, 0.0):
+                        continue
+                    count = self.restarts.get(name, 0)
+                    note = f"--- {name} exited with {popen.returncode}; restart {count + 1} by the local cluster"
+                    with open(proc["log"], "a") as log:
+                        log.write(f"\n{note}\n")
+                    self._popens.pop(proc["pid"], None)
+                    self.procs.remove(proc)
+                    self._start(name, list(proc["argv"]))
+                    self.restarts[name] = count + 1
+                    not_before[name] = time.monotonic() + RESTART_BACKOFF_S[min(count, len(RESTART_BACKOFF_S) - 1)]
 
     def _start_kwok(self, bins: Binaries) -> None:
         stages = self.workdir / "kwok-stages.yaml"
