@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,14 +34,14 @@ from typing import Any
 import kubernetes
 import pytest
 
-from finetune_localcluster import Kube, KubeError, LocalCluster, wait_for
+from finetune_localcluster import Kube, LocalCluster, wait_for
 from finetune_localcluster.binaries import ensure_binaries
 from finetune_localcluster.devtools import OperatorProcess, install_crd
 from finetune_operator.api.crdgen import build_crd
+from tests.cluster.operator_harness import namespaces
 
 HERE = Path(__file__).parent
 CLUSTER_TIMEOUT_S = 300
-POD_DELETE_WAIT_S = 60
 
 
 def _in_tier(item: pytest.Item) -> bool:
@@ -62,6 +61,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         capture = session.config.pluginmanager.getplugin("capturemanager")
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
             ensure_binaries()  # a cold cache builds here, with its output and build times shown
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """`item.rep_setup` / `rep_call`: lets a fixture describe the cluster after its test failed."""
+    report: pytest.TestReport = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -138,32 +145,9 @@ def crd(kube: Kube) -> dict[str, Any]:
 
 @pytest.fixture
 def make_namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
-    created: list[str] = []
     prefix = "t-" + "".join(ch if ch.isalnum() else "-" for ch in request.node.name.lower())[:40].strip("-")
-
-    def make(restricted: bool = False, labels: dict[str, str] | None = None) -> str:
-        name = f"{prefix}-{secrets.token_hex(3)}"
-        all_labels = dict(labels or {})
-        if restricted:
-            all_labels["pod-security.kubernetes.io/enforce"] = "restricted"
-        kube.create("/api/v1/namespaces", {"metadata": {"name": name, "labels": all_labels}})
-        created.append(name)
-        return name
-
-    yield make
-    # The namespace is marked Terminating first (so controllers cannot recreate pods), then
-    # its pods are deleted and waited for: they hold GPUs on kwok nodes and processes on the
-    # process node. Removing the rest is left to the namespace controller (~5 s each).
-    for name in created:
-        with contextlib.suppress(KubeError):
-            kube.delete(f"/api/v1/namespaces/{name}")
-            kube.delete(f"/api/v1/namespaces/{name}/pods")
-    for name in created:
-        wait_for(
-            lambda n=name: not kube.items(f"/api/v1/namespaces/{n}/pods"),  # type: ignore[misc]
-            POD_DELETE_WAIT_S,
-            f"pods of namespace {name} to be deleted",
-        )
+    with namespaces(kube, prefix) as make:
+        yield make
 
 
 @pytest.fixture

@@ -8,18 +8,53 @@ termination messages), which is all the operator ever reads of a container.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import secrets
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from finetune_localcluster import Kube, wait_for
+from finetune_localcluster import Kube, KubeError, wait_for
 from tests.factories import job_document
 
 JOBS = "/apis/finetune.dev/v1alpha1/namespaces/{ns}/finetunejobs"
 REPO = Path(__file__).resolve().parents[2]
+POD_DELETE_WAIT_S = 60
+
+
+@contextlib.contextmanager
+def namespaces(kube: Kube, prefix: str) -> Iterator[Callable[..., str]]:
+    """`make(restricted=..., labels=...)` creates a fresh namespace `prefix-<random>`; all of them
+    are deleted on exit. Each is marked Terminating first (so controllers cannot recreate pods),
+    then its pods are deleted and waited for: they hold GPUs on kwok nodes and processes on the
+    process node. Removing the rest is left to the namespace controller (~5 s each)."""
+    created: list[str] = []
+
+    def make(restricted: bool = False, labels: dict[str, str] | None = None) -> str:
+        name = f"{prefix}-{secrets.token_hex(3)}"
+        all_labels = dict(labels or {})
+        if restricted:
+            all_labels["pod-security.kubernetes.io/enforce"] = "restricted"
+        kube.create("/api/v1/namespaces", {"metadata": {"name": name, "labels": all_labels}})
+        created.append(name)
+        return name
+
+    try:
+        yield make
+    finally:
+        for name in created:
+            with contextlib.suppress(KubeError):
+                kube.delete(f"/api/v1/namespaces/{name}")
+                kube.delete(f"/api/v1/namespaces/{name}/pods")
+        for name in created:
+            wait_for(
+                lambda n=name: not kube.items(f"/api/v1/namespaces/{n}/pods"),  # type: ignore[misc]
+                POD_DELETE_WAIT_S,
+                f"pods of namespace {name} to be deleted",
+            )
 
 
 class Jobs:

@@ -5,24 +5,77 @@ creates two pods, the scheduler binds them to the process node, which runs
 `ftjob train --config /etc/ftjob` in each with the rendered hostfile, env and volumes;
 two real DeepSpeed ranks train together over gloo, write checkpoints to the claim, and
 report through the termination log.
+
+One job runs uninterrupted (module-scoped: it is also the reference). The same job is then run
+with its ranks SIGKILLed three times: once from outside at a random step after the first
+checkpoint, once (rank 0) in the middle of writing a checkpoint, once at a random later step.
+Each kill is a gang restart from the newest complete checkpoint; the final adapter must equal
+the uninterrupted one.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import signal
 import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from finetune_localcluster import Kube, LocalCluster, wait_for
 from finetune_localcluster.devtools import OperatorProcess, bind_claim, kubectl
-from tests.cluster.operator_harness import Jobs
+from tests.cluster.operator_harness import Jobs, namespaces
 from tests.cluster.process_jobs import CLAIM, tiny_job, worker_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+
+MAX_STEPS, CHECKPOINT_EVERY = 40, 8
+# Same checkpoint, world size, data position and RNG state: the same float operations in the
+# same order on CPU, so the adapters are expected equal bit for bit; the slack only absorbs
+# summation-order noise (a lost, repeated or skipped step moves weights by ~the learning rate).
+ADAPTER_ATOL = 1e-6
+
+
+@dataclass
+class Finished:
+    jobs: Jobs
+    status: dict[str, Any]
+    table_while_running: str
+    totals_while_running: int
+    out: Path
+
+
+def output_dir(cluster: LocalCluster, namespace: str, job: str = "tiny-cpu") -> Path:
+    return cluster.workdir / "pvc" / namespace / CLAIM / job
+
+
+def adapter(out: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return dict(load_file(out / "adapter" / "adapter_model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(
+    kube: Kube, kubeconfig: Path, local_cluster: LocalCluster, operator: OperatorProcess
+) -> Iterator[Finished]:
+    with namespaces(kube, "t-e2e-uninterrupted") as make:
+        jobs = Jobs(kube, make(restricted=True))
+        bind_claim(kube, jobs.ns, CLAIM)
+        doc = tiny_job(jobs.ns, max_steps=MAX_STEPS, checkpoint_every=CHECKPOINT_EVERY)
+        kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(doc))
+        status = jobs.wait(lambda s: (s.get("progress") or {}).get("step", 0) > 0, "progress from rank 0's metrics",
+                           name="tiny-cpu", timeout=420)  # fmt: skip
+        table = kubectl(kubeconfig, "get", "ftj", "-n", jobs.ns)
+        total = status["progress"]["totalSteps"]
+        status = jobs.wait_state("Succeeded", name="tiny-cpu", timeout=600)
+        yield Finished(jobs, status, table, total, output_dir(local_cluster, jobs.ns))
 
 
 @pytest.fixture
@@ -31,38 +84,52 @@ def tiny(kube: Kube, restricted_namespace: str, operator: OperatorProcess) -> Jo
     return Jobs(kube, restricted_namespace)
 
 
-def output_dir(cluster: LocalCluster, namespace: str) -> Path:
-    return cluster.workdir / "pvc" / namespace / CLAIM / "tiny-cpu"
-
-
-def test_tiny_job_trains_to_success(tiny: Jobs, kubeconfig: Path, local_cluster: LocalCluster) -> None:
-    kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(tiny_job(tiny.ns, max_steps=80, checkpoint_every=40)))
-    status = tiny.wait(lambda s: (s.get("progress") or {}).get("step", 0) > 0, "progress from rank 0's metrics",
-                       name="tiny-cpu", timeout=420)  # fmt: skip
-    table = kubectl(kubeconfig, "get", "ftj", "-n", tiny.ns)
-    assert "Running" in table and "/80" in table, table
-    assert status["progress"]["totalSteps"] == 80
-    status = tiny.wait_state("Succeeded", name="tiny-cpu", timeout=600)
-    result = status["result"]
-    assert result["steps"] == 80 and result["finalLoss"] > 0
-    assert status["progress"]["summary"] == "80/80 (100%)"
+def test_tiny_job_trains_to_success(uninterrupted: Finished) -> None:
+    run = uninterrupted
+    assert "Running" in run.table_while_running and f"/{MAX_STEPS}" in run.table_while_running, run.table_while_running
+    assert run.totals_while_running == MAX_STEPS
+    result = run.status["result"]
+    assert result["steps"] == MAX_STEPS and result["finalLoss"] > 0
+    assert run.status["progress"]["summary"] == f"{MAX_STEPS}/{MAX_STEPS} (100%)"
     assert result["adapterUri"] == "/mnt/pvc/ftjob-output/tiny-cpu/adapter"
-    out = output_dir(local_cluster, tiny.ns)
-    assert (out / "adapter" / "adapter_model.safetensors").is_file()
-    wait_for(lambda: (s := tiny.statefulset("tiny-cpu")) and s["spec"]["replicas"] == 0, 60, "scale to 0")
+    assert (run.out / "adapter" / "adapter_model.safetensors").is_file()
+    wait_for(lambda: (s := run.jobs.statefulset("tiny-cpu")) and s["spec"]["replicas"] == 0, 60, "scale to 0")
 
 
-def test_killed_rank_gang_restarts_and_resumes(tiny: Jobs, kubeconfig: Path, local_cluster: LocalCluster) -> None:
-    kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(tiny_job(tiny.ns, max_steps=40, checkpoint_every=8)))
+@pytest.fixture
+def described_on_failure(tiny: Jobs, operator: OperatorProcess, request: pytest.FixtureRequest) -> Iterator[None]:
+    """On a failure, print what the job and its pods looked like and the operator's log tail."""
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print("status:", json.dumps(tiny.status("tiny-cpu"), indent=1))
+        print("pods:", json.dumps({p["metadata"]["name"]: p.get("status") for p in tiny.pods("tiny-cpu")}, indent=1))
+        print("operator log:", operator.log_tail())
+
+
+@pytest.mark.usefixtures("described_on_failure")
+def test_ranks_killed_three_times_resume_to_the_uninterrupted_adapter(
+    tiny: Jobs, kubeconfig: Path, local_cluster: LocalCluster, uninterrupted: Finished
+) -> None:
+    rng = random.Random()
+    outside = rng.randrange(CHECKPOINT_EVERY + 2, 2 * CHECKPOINT_EVERY - 1)  # after step 8's checkpoint
+    save = 2 * CHECKPOINT_EVERY  # rank 0 dies writing this one: step 8's must survive
+    later = rng.randrange(save + 1, 3 * CHECKPOINT_EVERY)
+    kills = f"outside at step >= {outside}, during the save of step {save}, at step {later}"
+    doc = tiny_job(tiny.ns, max_steps=MAX_STEPS, checkpoint_every=CHECKPOINT_EVERY)
+    doc["spec"]["env"] = [{"name": "FTJOB_FAULT_KILL", "value": f"save:{save},step:{later}"}]
+    doc["spec"]["failurePolicy"] = {"backoffLimit": 5}
+    kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(doc))
     out = output_dir(local_cluster, tiny.ns)
-    tiny.wait(lambda s: (s.get("progress") or {}).get("step", 0) >= 12, "training past the first checkpoint",
+
+    tiny.wait(lambda s: (s.get("progress") or {}).get("step", 0) >= outside, f"training to step {outside}",
               name="tiny-cpu", timeout=480)  # fmt: skip
-    assert any(out.glob("checkpoints/*")), list(out.rglob("*"))[:20]
+    assert any(out.glob("checkpoints/step-*")), list(out.rglob("*"))[:20]
     victims = wait_for(lambda: worker_pids("tiny-cpu-1", tiny.ns), 30, "the rank of pod tiny-cpu-1")
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
-    status = tiny.wait(lambda s: s.get("restarts") == 1, "a gang restart", name="tiny-cpu", timeout=180)
-    assert status["lastFailure"]["rank"] in (0, 1)
+    status = tiny.wait(lambda s: s.get("restarts", 0) >= 1, "the first gang restart", name="tiny-cpu", timeout=180)
+    assert status["lastFailure"]["rank"] in (0, 1), (kills, status["lastFailure"])
 
     def resumed() -> bool:
         try:
@@ -70,8 +137,15 @@ def test_killed_rank_gang_restarts_and_resumes(tiny: Jobs, kubeconfig: Path, loc
         except subprocess.CalledProcessError:
             return False  # the new pod is not there yet
 
-    wait_for(resumed, 300, "the new gang to resume from the checkpoint")
-    status = tiny.wait_state("Succeeded", name="tiny-cpu", timeout=600)
-    assert status["restarts"] == 1, f"a second gang restart: {status.get('lastFailure')}"
-    assert status["result"]["steps"] == 40
+    wait_for(resumed, 300, f"the new gang to resume from the checkpoint ({kills})")
+    status = tiny.wait_state("Succeeded", name="tiny-cpu", timeout=780)
+    assert status["restarts"] == 3, (kills, status.get("lastFailure"))
+    assert status["result"]["steps"] == MAX_STEPS
+    assert not list(out.glob("checkpoints/.tmp-*")) and not list(out.glob("checkpoints/corrupt-*")), kills
     tiny.wait_events({"RankFailed", "Completed"}, name="tiny-cpu")
+
+    got, want = adapter(out), adapter(uninterrupted.out)
+    assert got.keys() == want.keys() and want
+    for key, tensor in want.items():
+        diff = (got[key].float() - tensor.float()).abs().max().item()
+        assert diff <= ADAPTER_ATOL, (kills, key, diff)

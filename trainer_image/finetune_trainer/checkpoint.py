@@ -164,21 +164,31 @@ def fault_point(where: str, step: int, once_in: Path | None = None) -> None:
     there; FTJOB_FAULT_STOP=<where>:<step> SIGSTOPs it, so a test can kill the whole pod at a
     known step instead of racing the training loop; FTJOB_FAULT_OOM=<where>:<step> raises a
     real `torch.OutOfMemoryError` there, as a CUDA allocation would, so the operator's
-    out-of-memory re-plan can be driven by real ranks. With `once_in` (the output folder) the
-    out-of-memory error fires once per rank: the re-planned gang, started with the same
-    environment, passes the step."""
+    out-of-memory re-plan can be driven by real ranks. Each variable may name several points,
+    comma-separated. With `once_in` (the output folder) a kill or an out-of-memory error fires
+    once per rank and point (a marker is kept there): the restarted gang, started with the same
+    environment, passes it and meets the next one."""
     here = f"{where}:{step}"
-    if os.environ.get("FTJOB_FAULT_OOM") == here:
+
+    def armed(variable: str) -> bool:
+        return here in os.environ.get(variable, "").split(",")
+
+    def first_time(kind: str) -> bool:
+        if once_in is None:
+            return True
+        marker = once_in / f".fault-{kind}-{where}-{step}-rank{os.environ.get('RANK', '0')}"
+        if marker.exists():
+            return False
+        marker.touch()
+        return True
+
+    if armed("FTJOB_FAULT_OOM") and first_time("oom"):
         import torch
 
-        marker = once_in / f".fault-oom-{where}-{step}-rank{os.environ.get('RANK', '0')}" if once_in else None
-        if marker is None or not marker.exists():
-            if marker is not None:
-                marker.touch()
-            raise torch.OutOfMemoryError(f"CUDA out of memory (injected by FTJOB_FAULT_OOM={here})")
-    if os.environ.get("FTJOB_FAULT_KILL") == here:
+        raise torch.OutOfMemoryError(f"CUDA out of memory (injected by FTJOB_FAULT_OOM={here})")
+    if armed("FTJOB_FAULT_KILL") and first_time("kill"):
         os.kill(os.getpid(), signal.SIGKILL)
-    if os.environ.get("FTJOB_FAULT_STOP") == here:
+    if armed("FTJOB_FAULT_STOP"):
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
@@ -258,7 +268,7 @@ def save(
     state = state.model_copy(update={"checkpoint_format": FORMAT_TRAINABLE if portable_state else FORMAT_DEEPSPEED})
     barrier()
     if rank == 0:
-        fault_point("save", step)
+        fault_point("save", step, once_in=root.parent)
         state_path = tmp / STATE_FILE
         with _space_checked(root, tmp, step), state_path.open("w") as fh:
             fh.write(state.to_file())
