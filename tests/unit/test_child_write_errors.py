@@ -89,3 +89,24 @@ def test_an_apiserver_that_does_not_answer_is_said_and_retried() -> None:
     running = condition(cluster, "Running")
     assert running["reason"] == "ChildWriteFailed" and "etcdserver: request timed out" in running["message"]
     assert cluster.body["status"]["state"] == "Planned"
+
+
+def test_a_queued_job_on_a_cluster_without_kueue_says_so() -> None:
+    """spec.queueName on a cluster that does not serve Kueue's Workload API: the apply of the
+    Workload answers 404, and the job says that Kueue is missing and what to do, instead of a bare
+    "404 Not Found" under a Queued condition that waits forever."""
+
+    class NoKueue(RefusingCluster):
+        def apply(self, objects: Any, owner_uid: str) -> None:
+            if any(o["kind"] == "Workload" for o in objects):
+                raise ChildWriteError("Workload", "job", 404, "Not Found")
+
+    doc = job_document(resources={"numNodes": 2, "gpusPerNode": 8}, queueName="team-a")
+    doc["metadata"].update({"uid": "job-uid", "resourceVersion": "1", "generation": 1})
+    cluster = NoKueue(doc, None)
+    reconciler = Reconciler(cast(ClusterIO, cluster), RenderOptions(trainer_image="t"), lambda *_: None)
+    reconciler.reconcile(cluster.read_job("", ""), Observed(workers=None), apply_all=True)
+    running = condition(cluster, "Running")
+    assert running["reason"] == "ChildWriteFailed", running
+    assert "does not serve Kueue's Workload API" in running["message"] and "spec.queueName" in running["message"]
+    assert condition(cluster, "Queued")["status"] == "True"

@@ -66,6 +66,12 @@ def plan_or_fail(
         raise PlanFailed(exc.condition_reason, str(exc)) from exc
 
 
+KUEUE_NOT_SERVED = (
+    "404: this cluster does not serve Kueue's Workload API (kueue.x-k8s.io/v1beta2): install Kueue, or run "
+    "the job without a queue (remove spec.queueName)"
+)
+
+
 @dataclass
 class Outcome:
     """What a reconciliation did (for handlers, metrics and tests)."""
@@ -213,6 +219,8 @@ class Reconciler:
             try:
                 self.cluster.apply([self._prioritised(decision.workload, job)], job.metadata.uid or "")
             except ChildWriteError as exc:
+                if exc.status == 404 and exc.kind == "Workload":  # the job's namespace exists: the API does not
+                    exc = ChildWriteError(exc.kind, exc.name, 404, KUEUE_NOT_SERVED)
                 log.warning("job %s/%s: %s", namespace, job.name, exc)
                 return after_write_error(job, decision, exc, datetime.now(UTC))
         if wl is not None and decision.delete_workload:

@@ -45,7 +45,7 @@ def decide(ctx: Context) -> Decision | None:
         return None
     stop = _stopped(ctx)
     if wl is None:
-        b.cond(ConditionType.QUEUED, True, R.QUEUED, f"{WAITING} in queue {queue} (Workload {ctx.job.name} created)")
+        b.cond(ConditionType.QUEUED, True, R.QUEUED, f"{WAITING} in queue {queue} (its Workload is {ctx.job.name})")
         stop.workload = desired
         return stop
     evicted = wl.condition("Evicted")
