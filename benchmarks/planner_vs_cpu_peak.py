@@ -8,6 +8,8 @@ trainer builds; unpacked rows are padded to the longest in the batch, so the pla
 full rows) is an upper bound there. Run on demand; nothing here is asserted by the tests.
 
     DS_ACCELERATOR=cpu .venv/bin/python benchmarks/planner_vs_cpu_peak.py [--model DIR|builtin://tiny-llama]
+    DS_ACCELERATOR=cpu .venv/bin/python benchmarks/planner_vs_cpu_peak.py \
+        --model builtin://smollm2-135m-instruct --micro 2 --steps 4
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from finetune_operator.api.loss_chunks import HIDDEN_COPIES
-from finetune_operator.plan.activations import activation_bytes
+from finetune_operator.plan.activations import PACKED_CPU_ATTENTION_BYTES_PER_SCORE, activation_bytes
 from finetune_operator.plan.memory import Strategy, estimate_memory
 from finetune_operator.plan.workload import Workload, workload_from_spec
 from tests.factories import make_job
@@ -186,8 +186,9 @@ def test_packing_on_cpu_adds_the_mask_and_the_masked_attention_and_on_gpu_drops_
     on = activation_bytes(_tiny_cpu(dataset={"packing": True}), micro, checkpointing=False)
     assert on.logits == off.logits
     layers, heads = 4, 4  # tiny-llama
-    # the mask once, and each layer's fp32 scores and probabilities of the masked attention
-    assert on.activations - off.activations == 16 * micro * seq * seq + layers * 24 * heads * micro * seq * seq
+    # the mask once, and each layer's masked attention (its fp32 mask copy and kernel high-water, fitted)
+    per_score = PACKED_CPU_ATTENTION_BYTES_PER_SCORE
+    assert on.activations - off.activations == 16 * micro * seq * seq + layers * per_score * heads * micro * seq * seq
     gpu_off = activation_bytes(_tiny_cpu(resources={"gpusPerNode": 1}), micro, checkpointing=False)
     gpu_on = activation_bytes(_tiny_cpu(resources={"gpusPerNode": 1}, dataset={"packing": True}), micro, False)
     # flash-attention's varlen kernel: position ids, no mask; padded rows give each layer's

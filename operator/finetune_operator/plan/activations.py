@@ -49,10 +49,13 @@ NORM_BACKWARD_BYTES_PER_UNIT = 20
 PACKED_MASK_BYTES_PER_ENTRY = 16
 """Per entry of the `b·s·s` block-diagonal mask of a packed CPU batch: the boolean mask and the
 attention's additive fp32 copy and temporaries (measured on CPU SDPA: ≈16 bytes, not per layer)."""
-PACKED_CPU_ATTENTION_BYTES_PER_SCORE = 24
-"""Per attention score (`b·heads·s·s`) per layer of a packed CPU batch: with an explicit mask the
-attention keeps its fp32 scores and probabilities for backward, plus transients. Calibrated on
-real CPU ranks (`benchmarks/planner_vs_cpu_peak.py`, tiny-llama, LoRA, s=512): 23.7."""
+PACKED_CPU_ATTENTION_BYTES_PER_SCORE = 7
+"""Per attention score (`b·heads·s·s`) per layer of a packed CPU batch, fitted on real CPU ranks
+(`benchmarks/planner_vs_cpu_peak.py`: tiny-llama and SmolLM2-135M, LoRA and full, s=512, where
+the excess over the rest of the plan was 2.9-8.3 bytes; 7 keeps all four within 15 % and none
+more than 3 % under). It is not saved scores: a trace of saved tensors shows CPU SDPA keeps no
+`s·s` tensor for backward, only each layer's fp32 copy of the mask. The rest is the allocator's
+high-water mark while each layer's masked attention runs forward and backward."""
 
 
 @dataclass(frozen=True)
