@@ -34,7 +34,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from finetune_localcluster import Kube, LocalCluster, wait_for
+from finetune_localcluster import Kube, LocalCluster
 from finetune_localcluster.binaries import ensure_binaries
 from finetune_localcluster.devtools import OperatorProcess, install_crd
 from finetune_operator.api.crdgen import build_crd
@@ -124,23 +124,9 @@ def operator(kube: Kube, kubeconfig: Path, tmp_path_factory: pytest.TempPathFact
 
 @pytest.fixture(scope="session")
 def crd(kube: Kube) -> dict[str, Any]:
-    manifest = build_crd()
-    name = manifest["metadata"]["name"]
-    kube.request(
-        "PATCH",
-        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
-        manifest,
-        params={"fieldManager": "tests", "force": "true"},
-        content_type="application/apply-patch+yaml",
-    )
-
-    def established() -> dict[str, Any] | None:
-        got = kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-        conditions = {c["type"]: c["status"] for c in (got.get("status") or {}).get("conditions") or []}
-        return got if conditions.get("Established") == "True" else None
-
-    result: dict[str, Any] = wait_for(established, 30, "the FineTuneJob CRD to be established")
-    return result
+    """The FineTuneJob CRD, applied and established (as the operator fixture installs it)."""
+    install_crd(kube)
+    return kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{build_crd()['metadata']['name']}")
 
 
 @pytest.fixture
