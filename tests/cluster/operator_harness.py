@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import secrets
 import sys
 import time
@@ -93,6 +94,11 @@ class Jobs:
         items = self.kube.items(f"/api/v1/namespaces/{self.ns}/pods", labelSelector=f"finetune.dev/job-name={name}")
         return sorted((p for p in items if not p["metadata"].get("deletionTimestamp")),
                       key=lambda p: p["metadata"]["name"])  # fmt: skip
+
+    def describe(self, name: str = "job") -> str:
+        """The job's status and its pods' statuses, for a failure message."""
+        pods = {p["metadata"]["name"]: p.get("status") for p in self.pods(name)}
+        return f"status: {json.dumps(self.status(name), indent=1)}\npods: {json.dumps(pods, indent=1)}"
 
     def statefulset(self, name: str = "job") -> dict[str, Any] | None:
         return self.kube.get_or_none(f"/apis/apps/v1/namespaces/{self.ns}/statefulsets/{name}")

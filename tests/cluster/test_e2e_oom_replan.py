@@ -31,11 +31,10 @@ from finetune_operator.api.job import FineTuneJob
 from finetune_operator.plan import plan_job
 from finetune_operator.plan.workload import DEFAULT_FIT_MARGIN
 from tests.cluster.operator_harness import Jobs
+from tests.cluster.process_jobs import CLAIM, assert_same_adapter, output_dir
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml"
-CLAIM = "ftjob-output"
 MAX_STEPS, CHECKPOINT_EVERY, OOM_AT = 16, 8, 12
-ADAPTER_ATOL = 1e-6
 SMALL_BUCKETS = {
     "zero_optimization.reduce_bucket_size": 100000,
     "zero_optimization.stage3_prefetch_bucket_size": 100000,
@@ -84,10 +83,6 @@ def jobs(kube: Kube, restricted_namespace: str, operator: OperatorProcess) -> Jo
     return Jobs(kube, restricted_namespace)
 
 
-def output_dir(cluster: LocalCluster, namespace: str, name: str) -> Path:
-    return cluster.workdir / "pvc" / namespace / CLAIM / name
-
-
 def logs(cluster: LocalCluster, namespace: str, pod: str, containing: str) -> str | None:
     """The log of an incarnation of `pod` that contains `containing`. Read where the process node
     keeps it, which outlives the pod: a short resumed run succeeds and its pods are deleted
@@ -97,12 +92,6 @@ def logs(cluster: LocalCluster, namespace: str, pod: str, containing: str) -> st
         if containing in text:
             return text
     return None
-
-
-def adapter(out: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    return load_file(out / "adapter" / "adapter_model.safetensors")
 
 
 def test_out_of_memory_replans_to_zero3_and_resumes(jobs: Jobs, kubeconfig: Path, local_cluster: LocalCluster) -> None:
@@ -159,8 +148,4 @@ def test_out_of_memory_replans_to_zero3_and_resumes(jobs: Jobs, kubeconfig: Path
     # by up to about the learning rate per step, and the run's lowest is 1.1e-5 (step 16), so a
     # skipped, repeated or lost step, or another starting state, is well outside it.
     assert got_result["finalLoss"] == pytest.approx(status["result"]["finalLoss"], rel=1e-6)
-    got, want = adapter(out), adapter(reference_out)
-    assert got.keys() == want.keys() and want
-    for key, tensor in want.items():
-        diff = (got[key].float() - tensor.float()).abs().max().item()
-        assert diff <= ADAPTER_ATOL, (key, diff)
+    assert_same_adapter(out, reference_out)

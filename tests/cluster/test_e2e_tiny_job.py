@@ -15,7 +15,6 @@ the uninterrupted one.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -32,15 +31,11 @@ import yaml
 from finetune_localcluster import Kube, LocalCluster, wait_for
 from finetune_localcluster.devtools import OperatorProcess, bind_claim, kubectl
 from tests.cluster.operator_harness import Jobs, namespaces
-from tests.cluster.process_jobs import CLAIM, tiny_job, worker_pids
+from tests.cluster.process_jobs import CLAIM, assert_same_adapter, output_dir, tiny_job, worker_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 MAX_STEPS, CHECKPOINT_EVERY = 40, 8
-# Same checkpoint, world size, data position and RNG state: the same float operations in the
-# same order on CPU, so the adapters are expected equal bit for bit; the slack only absorbs
-# summation-order noise (a lost, repeated or skipped step moves weights by ~the learning rate).
-ADAPTER_ATOL = 1e-6
 
 
 @dataclass
@@ -50,16 +45,6 @@ class Finished:
     table_while_running: str
     totals_while_running: int
     out: Path
-
-
-def output_dir(cluster: LocalCluster, namespace: str, job: str = "tiny-cpu") -> Path:
-    return cluster.workdir / "pvc" / namespace / CLAIM / job
-
-
-def adapter(out: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    return dict(load_file(out / "adapter" / "adapter_model.safetensors"))
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +88,7 @@ def described_on_failure(tiny: Jobs, operator: OperatorProcess, request: pytest.
     yield
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
-        print("status:", json.dumps(tiny.status("tiny-cpu"), indent=1))
-        print("pods:", json.dumps({p["metadata"]["name"]: p.get("status") for p in tiny.pods("tiny-cpu")}, indent=1))
+        print(tiny.describe("tiny-cpu"))
         print("operator log:", operator.log_tail())
 
 
@@ -147,9 +131,4 @@ def test_ranks_killed_three_times_resume_to_the_uninterrupted_adapter(
     assert status["result"]["steps"] == MAX_STEPS
     assert not list(out.glob("checkpoints/.tmp-*")) and not list(out.glob("checkpoints/corrupt-*")), kills
     tiny.wait_events({"RankFailed", "Completed"}, name="tiny-cpu")
-
-    got, want = adapter(out), adapter(uninterrupted.out)
-    assert got.keys() == want.keys() and want
-    for key, tensor in want.items():
-        diff = (got[key].float() - tensor.float()).abs().max().item()
-        assert diff <= ADAPTER_ATOL, (kills, key, diff)
+    assert_same_adapter(out, uninterrupted.out, kills)

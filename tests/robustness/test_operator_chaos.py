@@ -90,8 +90,7 @@ def _wait(what: str, check: Any, jobs: Jobs, name: str) -> Any:
     try:
         return wait_for(check, STEP_S, what, interval=0.5)
     except TimeoutError as exc:
-        pods = {p["metadata"]["name"]: p.get("status") for p in jobs.pods(name)}
-        raise TimeoutError(f"{exc}\nstatus: {json.dumps(jobs.status(name))}\npods: {json.dumps(pods)}") from exc
+        raise TimeoutError(f"{exc}\n{jobs.describe(name)}") from exc
 
 
 @pytest.mark.slow
