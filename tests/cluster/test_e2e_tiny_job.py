@@ -15,11 +15,11 @@ the uninterrupted one.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,22 +97,27 @@ def test_ranks_killed_three_times_resume_to_the_uninterrupted_adapter(
     tiny: Jobs, kubeconfig: Path, local_cluster: LocalCluster, uninterrupted: Finished
 ) -> None:
     rng = random.Random()
-    # From outside, a random moment within 3 s of step 8's checkpoint (a few steps: the status's
-    # progress lags by a scrape, so a kill timed by it could land after step 16's save and fall
-    # in the same gang as the next kill); rank 0 inside step 16's save; a random later step.
-    outside = rng.uniform(0.0, 3.0)
+    # From outside once rank 0 has logged a random step after step 8's checkpoint (timed by the
+    # train log itself: the status's progress lags by a scrape, and a kill timed by it or by a
+    # clock could land after step 16's save, in the same gang as the next kill); rank 0 inside
+    # step 16's save; a random later step.
+    outside = rng.randrange(CHECKPOINT_EVERY + 1, CHECKPOINT_EVERY + 5)
     save = 2 * CHECKPOINT_EVERY
     later = rng.randrange(save + 1, 3 * CHECKPOINT_EVERY)
-    kills = f"outside {outside:.1f} s after the first checkpoint, during step {save}'s save, at step {later}"
+    kills = f"outside at step {outside}, during step {save}'s save, at step {later}"
     doc = tiny_job(tiny.ns, max_steps=MAX_STEPS, checkpoint_every=CHECKPOINT_EVERY)
     doc["spec"]["env"] = [{"name": "FTJOB_FAULT_KILL", "value": f"save:{save},step:{later}"}]
     doc["spec"]["failurePolicy"] = {"backoffLimit": 5}
     kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(doc))
     out = output_dir(local_cluster, tiny.ns)
 
-    first = out / "checkpoints" / f"step-{CHECKPOINT_EVERY:08d}"
-    wait_for(first.is_dir, 480, f"the first checkpoint ({first})")
-    time.sleep(outside)
+    log = out / "train_log.jsonl"
+
+    def logged(step: int) -> bool:
+        lines = log.read_text().splitlines() if log.exists() else []
+        return any(json.loads(line).get("step", 0) >= step and "loss" in line for line in lines if line.strip())
+
+    wait_for(lambda: logged(outside), 480, f"rank 0 to log step {outside}", interval=0.05)
     victims = wait_for(lambda: worker_pids("tiny-cpu-1", tiny.ns), 30, "the rank of pod tiny-cpu-1")
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
