@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# Build the Kubernetes control-plane binaries the cluster test tier needs, from the Go
-# module proxy, and cache them by version outside the work tree.
+# Build the Kubernetes control-plane binaries the local cluster needs, from the Go module
+# proxy, and cache them by version outside the work tree.
+#
+#   tools/build-kube-binaries.sh [core] [kueue]      (default: core)
+#
+#   core   etcd, kwok (+ its Stage examples), helm, kube-apiserver, kube-controller-manager,
+#          kube-scheduler, kubectl: what the demo and the cluster tests start
+#   kueue  Kueue's manager with its CRDs and webhook configurations: only the Kueue tests use
+#          it, so it is built on their first run (finetune_localcluster.binaries.ensure_binaries)
 #
 # Why: this machine kind has no Docker, kind or download site, only the Go module proxy.
-# The binaries are built once (tens of minutes cold on 2 cores) and reused; a warm run is a
-# no-op. Layout (FTJOB_CACHE_DIR defaults to ~/.cache/finetune-operator):
+# The binaries are built once (about 12 minutes cold on 2 cores, Kueue another ~5) and reused;
+# a warm run is a no-op. It prints one line per step with the elapsed time and an estimate of
+# what is left; the go command's own output goes to a log file under the cache, named on failure.
+# Layout (FTJOB_CACHE_DIR defaults to ~/.cache/finetune-operator):
 #   kube/<k8s-version>/bin/{kube-apiserver,kube-controller-manager,kube-scheduler,kubectl}
 #   etcd/<etcd-version>/bin/etcd
 #   kwok/<kwok-version>/bin/kwok  and  kwok/<kwok-version>/stage/  (its Stage examples)
 #   helm/<helm-version>/bin/helm
 #   kueue/<kueue-version>/bin/kueue, kueue/<kueue-version>/crd/ (its CRD yamls) and
 #   kueue/<kueue-version>/webhook/manifests.yaml (its webhook configurations)
+#   logs/<step>.log (the go output of the last build of each step)
 # Environment: FTJOB_CACHE_DIR, FTJOB_BUILD_JOBS (default 2), and the usual GOCACHE /
 # GOMODCACHE / GOPROXY, which are reused between runs.
 set -euo pipefail
@@ -36,8 +46,21 @@ KUBE_BINS="kube-apiserver kube-controller-manager kube-scheduler kubectl"
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 
+LOG_DIR="$CACHE_DIR/logs"
 die() { echo "build-kube-binaries: ERROR: $*" >&2; exit 1; }
 log() { echo "build-kube-binaries: $*"; }
+
+targets=("$@")
+((${#targets[@]})) || targets=(core)
+want_core=0; want_kueue=0
+for t in "${targets[@]}"; do
+  case $t in
+    core) want_core=1 ;;
+    kueue) want_kueue=1 ;;
+    all) want_core=1; want_kueue=1 ;;
+    *) die "unknown target '$t' (core, kueue, all)" ;;
+  esac
+done
 
 command -v go >/dev/null 2>&1 || die "'go' is not on PATH. Install Go >= 1.26 (kwok ${KWOK_VERSION} needs it) and retry."
 
@@ -49,15 +72,19 @@ kwok_dir="$CACHE_DIR/kwok/$KWOK_VERSION"
 helm_dir="$CACHE_DIR/helm/$HELM_VERSION"
 kueue_dir="$CACHE_DIR/kueue/$KUEUE_VERSION"
 
+have_etcd() { have_all "$etcd_dir/bin" etcd; }
+have_kwok() { have_all "$kwok_dir/bin" kwok && [[ -d "$kwok_dir/stage" ]]; }
+have_helm() { have_all "$helm_dir/bin" helm; }
+have_kube() { have_all "$kube_dir/bin" $KUBE_BINS; }
+have_kueue() { have_all "$kueue_dir/bin" kueue && [[ -d "$kueue_dir/crd" && -f "$kueue_dir/webhook/manifests.yaml" ]]; }
 all_cached() {
-  have_all "$kube_dir/bin" $KUBE_BINS && have_all "$etcd_dir/bin" etcd \
-    && have_all "$kwok_dir/bin" kwok && [[ -d "$kwok_dir/stage" ]] && have_all "$helm_dir/bin" helm \
-    && have_all "$kueue_dir/bin" kueue && [[ -d "$kueue_dir/crd" && -f "$kueue_dir/webhook/manifests.yaml" ]]
+  if ((want_core)); then have_etcd && have_kwok && have_helm && have_kube || return 1; fi
+  if ((want_kueue)); then have_kueue || return 1; fi
 }
-if all_cached; then log "cache is warm: $CACHE_DIR (nothing to build)"; exit 0; fi
+if all_cached; then log "cache is warm: $CACHE_DIR (${targets[*]}: nothing to build)"; exit 0; fi
 
 # One build at a time per cache (bootstrap, tests and a developer may all call this).
-mkdir -p "$CACHE_DIR"
+mkdir -p "$CACHE_DIR" "$LOG_DIR"
 exec 9>"$CACHE_DIR/.build.lock"
 if ! flock -n 9; then
   log "another build holds $CACHE_DIR/.build.lock; waiting for it ..."
@@ -65,24 +92,54 @@ if ! flock -n 9; then
 fi
 if all_cached; then log "cache is warm: $CACHE_DIR (built by the other run)"; exit 0; fi
 
-log "go: $(go version); GOPROXY=$(go env GOPROXY)"
-log "checking the Go module proxy ..."
-if ! timeout 120 go list -m "k8s.io/kubernetes@$K8S_VERSION" >/dev/null 2>/tmp/ftjob-proxy-check.$$; then
-  cat /tmp/ftjob-proxy-check.$$ >&2; rm -f /tmp/ftjob-proxy-check.$$
+# The steps still to do, each with its typical cold time on 2 cores (seconds, measured here),
+# from which the progress lines estimate what is left.
+steps=(); estimates=()
+plan() { steps+=("$1"); estimates+=("$2"); }
+if ((want_core)); then
+  have_etcd || plan etcd 75
+  have_kwok || plan kwok 70
+  have_helm || plan helm 95
+  if ! have_kube; then
+    plan "kubernetes modules" 60
+    plan kube-apiserver 330
+    plan kube-controller-manager 200
+    plan kube-scheduler 90
+    plan kubectl 110
+  fi
+fi
+((want_kueue)) && ! have_kueue && plan kueue 300
+
+log "go: $(go version); GOPROXY=$(go env GOPROXY); go output goes to $LOG_DIR/<step>.log"
+if ! timeout 120 go list -m "k8s.io/kubernetes@$K8S_VERSION" >"$LOG_DIR/proxy-check.log" 2>&1; then
+  cat "$LOG_DIR/proxy-check.log" >&2
   die "the Go module proxy ($(go env GOPROXY)) does not answer for k8s.io/kubernetes@$K8S_VERSION; set GOPROXY to a reachable proxy."
 fi
-rm -f /tmp/ftjob-proxy-check.$$
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/ftjob-kube-build.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 TOTAL_START=$SECONDS
+step_no=0; done_estimate=0
 
-# timed NAME CMD...: run CMD and print how long it took.
-timed() {
-  local name="$1"; shift; local t0=$SECONDS
-  log "building $name ..."
-  "$@" || die "building $name failed (see the go output above)"
-  log "built $name in $((SECONDS - t0))s"
+mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+
+# step NAME CMD...: run CMD with its output in $LOG_DIR/NAME.log, one line before and after,
+# with the elapsed time and an estimate of what is left (the remaining steps' typical times,
+# scaled by how this machine has done so far).
+step() {
+  local name="$1"; shift
+  local logfile="$LOG_DIR/${name// /-}.log" t0=$SECONDS elapsed left=0 i
+  for ((i = step_no; i < ${#steps[@]}; i++)); do left=$((left + estimates[i])); done
+  elapsed=$((SECONDS - TOTAL_START))
+  if ((done_estimate > 0 && elapsed > 0)); then left=$((left * elapsed / done_estimate)); fi
+  step_no=$((step_no + 1))
+  log "[$step_no/${#steps[@]}] $name ... (elapsed $(mmss "$elapsed"), about $(mmss "$left") left)"
+  if ! "$@" >"$logfile" 2>&1; then
+    tail -n 30 "$logfile" >&2
+    die "$name failed; its full go output is in $logfile"
+  fi
+  done_estimate=$((done_estimate + estimates[step_no - 1]))
+  log "[$step_no/${#steps[@]}] $name done in $((SECONDS - t0))s"
 }
 
 # new_module DIR GO_LINE: a throwaway module to build dependencies' main packages from.
@@ -90,26 +147,29 @@ new_module() {
   mkdir -p "$1"; (cd "$1" && go mod init ftjob.local/build >/dev/null 2>&1 && go mod edit -go="$2")
 }
 
+kube_modules() (  # the throwaway module with k8s.io/kubernetes and its staging modules pinned
+  # A subshell with explicit checks: `set -e` does not apply inside the `if` that `step` runs it in.
+  m="$1" staging_version="v0.${K8S_VERSION#v1.}"
+  new_module "$m" 1.25.0 && cd "$m" || exit 1
+  printf 'godebug default=go1.25\n' >> go.mod
+  go mod edit -require="k8s.io/kubernetes@$K8S_VERSION" || exit 1
+  for s in $STAGING; do go mod edit -replace="k8s.io/$s=k8s.io/$s@$staging_version" || exit 1; done
+  for b in $KUBE_BINS; do go get "k8s.io/kubernetes/cmd/$b@$K8S_VERSION" || exit 1; done
+)
+
 build_kube() {
-  local m="$WORK/kube" minor="${K8S_VERSION#v1.}" pkg
-  local staging_version="v0.${minor}"
-  new_module "$m" 1.25.0
-  (cd "$m"
-   printf 'godebug default=go1.25\n' >> go.mod
-   go mod edit -require="k8s.io/kubernetes@$K8S_VERSION"
-   for s in $STAGING; do go mod edit -replace="k8s.io/$s=k8s.io/$s@$staging_version"; done
-   for b in $KUBE_BINS; do go get "k8s.io/kubernetes/cmd/$b@$K8S_VERSION" >/dev/null; done)
+  local m="$WORK/kube" minor="${K8S_VERSION#v1.}"
+  step "kubernetes modules" kube_modules "$m"
   local major="${K8S_VERSION#v}"; major="${major%%.*}"
   local gminor="${minor%%.*}"
-  local x="" p
+  local x="" p b
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     x+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=$major -X $p.gitMinor=$gminor"
     x+=" -X $p.gitTreeState=clean -X $p.buildDate=$BUILD_DATE"
   done
   mkdir -p "$m/out"
   for b in $KUBE_BINS; do
-    pkg="k8s.io/kubernetes/cmd/$b"
-    timed "$b $K8S_VERSION" bash -c "cd '$m' && go build -mod=mod -p '$JOBS' -trimpath -tags selinux,notest -ldflags '-s -w $x' -o 'out/$b' '$pkg'"
+    step "$b" bash -c "cd '$m' && go build -mod=mod -p '$JOBS' -trimpath -tags selinux,notest -ldflags '-s -w $x' -o 'out/$b' 'k8s.io/kubernetes/cmd/$b'"
   done
   mkdir -p "$kube_dir"; rm -rf "$kube_dir/bin"; mv "$m/out" "$kube_dir/bin"
 }
@@ -117,15 +177,14 @@ build_kube() {
 build_etcd() {
   local m="$WORK/etcd"
   new_module "$m" 1.25.0
-  (cd "$m" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null)
   mkdir -p "$m/out"
-  timed "etcd $ETCD_VERSION" bash -c "cd '$m' && go build -mod=mod -p '$JOBS' -trimpath -ldflags '-s -w' -o out/etcd go.etcd.io/etcd/server/v3"
+  step etcd bash -c "cd '$m' && go get 'go.etcd.io/etcd/server/v3@$ETCD_VERSION' && go build -mod=mod -p '$JOBS' -trimpath -ldflags '-s -w' -o out/etcd go.etcd.io/etcd/server/v3"
   mkdir -p "$etcd_dir"; rm -rf "$etcd_dir/bin"; mv "$m/out" "$etcd_dir/bin"
 }
 
 build_kwok() {
   mkdir -p "$WORK/kwok/bin"
-  timed "kwok $KWOK_VERSION" env GOBIN="$WORK/kwok/bin" go install -p "$JOBS" -trimpath -ldflags '-s -w' "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  step kwok env GOBIN="$WORK/kwok/bin" go install -p "$JOBS" -trimpath -ldflags '-s -w' "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
   local src; src="$(go env GOMODCACHE)/sigs.k8s.io/kwok@$KWOK_VERSION/kustomize/stage"
   [[ -d "$src" ]] || die "kwok stage definitions not found at $src"
   mkdir -p "$kwok_dir"; rm -rf "$kwok_dir/bin" "$kwok_dir/stage"
@@ -145,7 +204,7 @@ build_helm() {
   local ld="-s -w -X $v.version=$HELM_VERSION -X $v.gitTreeState=clean"
   ld+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$minor"
   ld+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$minor"
-  timed "helm $HELM_VERSION" env GOBIN="$WORK/helm/bin" go install -p "$JOBS" -trimpath -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  step helm env GOBIN="$WORK/helm/bin" go install -p "$JOBS" -trimpath -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   mkdir -p "$helm_dir"; rm -rf "$helm_dir/bin"; mv "$WORK/helm/bin" "$helm_dir/bin"
 }
 
@@ -153,7 +212,7 @@ build_kueue() {
   # sigs.k8s.io/kueue has no replace lines: a plain `go install` of its manager builds it. The
   # CRDs (config/components/crd/bases) come from the same module version, so they match.
   mkdir -p "$WORK/kueue/bin"
-  timed "kueue $KUEUE_VERSION" env GOBIN="$WORK/kueue/bin" go install -p "$JOBS" -trimpath -ldflags '-s -w' "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+  step kueue env GOBIN="$WORK/kueue/bin" go install -p "$JOBS" -trimpath -ldflags '-s -w' "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
   local src; src="$(go env GOMODCACHE)/sigs.k8s.io/kueue@$KUEUE_VERSION/config/components"
   [[ -d "$src/crd/bases" && -f "$src/webhook/manifests.yaml" ]] || die "kueue CRDs or webhooks not found under $src"
   mkdir -p "$kueue_dir"; rm -rf "$kueue_dir/bin" "$kueue_dir/crd" "$kueue_dir/webhook"
@@ -162,12 +221,12 @@ build_kueue() {
   cp "$src/webhook/manifests.yaml" "$kueue_dir/webhook/"; chmod -R u+w "$kueue_dir/crd" "$kueue_dir/webhook"
 }
 
-have_all "$etcd_dir/bin" etcd || build_etcd
-have_all "$kwok_dir/bin" kwok && [[ -d "$kwok_dir/stage" ]] || build_kwok
-have_all "$helm_dir/bin" helm || build_helm
-have_all "$kube_dir/bin" $KUBE_BINS || build_kube
-have_all "$kueue_dir/bin" kueue && [[ -d "$kueue_dir/crd" && -f "$kueue_dir/webhook/manifests.yaml" ]] || build_kueue
+if ((want_core)); then
+  have_etcd || build_etcd
+  have_kwok || build_kwok
+  have_helm || build_helm
+  have_kube || build_kube
+fi
+if ((want_kueue)); then have_kueue || build_kueue; fi
 
-log "total build time: $((SECONDS - TOTAL_START))s"
-log "cache: $CACHE_DIR ($(du -sh "$CACHE_DIR" | cut -f1))"
-for d in "$kube_dir" "$etcd_dir" "$kwok_dir" "$helm_dir" "$kueue_dir"; do ls -l "$d/bin"; done
+log "built ${targets[*]} in $(mmss $((SECONDS - TOTAL_START))); cache $CACHE_DIR ($(du -sh "$CACHE_DIR" | cut -f1))"

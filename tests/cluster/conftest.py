@@ -59,8 +59,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     if any(_in_tier(item) for item in session.items) and not os.environ.get("FTJOB_TEST_CLUSTER_DIR"):
         capture = session.config.pluginmanager.getplugin("capturemanager")
+        kueue = any(item.path.name == "test_kueue.py" for item in session.items)
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-            ensure_binaries()  # a cold cache builds here, with its output and build times shown
+            # A cold cache builds here, with its progress shown; Kueue only when its tests run.
+            ensure_binaries(kueue=kueue)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

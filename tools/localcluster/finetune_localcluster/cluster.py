@@ -273,7 +273,7 @@ class LocalCluster:
 
     # -- startup ---------------------------------------------------------------------------
     def _up(self) -> None:
-        bins = self.binaries = self.binaries or ensure_binaries()
+        bins = self.binaries = self.binaries or ensure_binaries(kueue=self.kueue)
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
         pki = make_pki(self.workdir / "pki", SERVICE_IP)
