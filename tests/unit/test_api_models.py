@@ -67,6 +67,11 @@ def test_wire_round_trip_is_exact() -> None:
             "spec.dataset.validationUri: set validationSplit or validationUri, not both",
         ),
         ({"dataset": {"validationUri": "not a uri"}}, "spec.dataset.validationUri: invalid value 'not a uri'"),
+        (  # a built-in model is no dataset: the field takes the dataset locations, as dataset.uri does
+            {"dataset": {"validationUri": "builtin://tiny-llama"}},
+            "spec.dataset.validationUri: invalid value 'builtin://tiny-llama': must be a hub id (org/name or "
+            "hf://org/name), pvc://claim/path, an absolute path, or one of builtin://reverse-words",
+        ),
         (
             {"training": {"globalBatchSize": 10, "microBatchSize": 4}},
             "spec.training.globalBatchSize: must be a multiple",
@@ -174,11 +179,12 @@ def test_model_uri_forms(uri: str, ok: bool) -> None:
     ("uri", "ok"),
     [("builtin://reverse-words", True), ("builtin://secret-code", True), ("builtin://tiny-llama", False)],
 )
-def test_dataset_builtin_names(uri: str, ok: bool) -> None:
-    found = problems(dataset={"uri": uri})
+@pytest.mark.parametrize("field", ["uri", "validationUri"])
+def test_dataset_builtin_names(field: str, uri: str, ok: bool) -> None:
+    found = problems(dataset={"uri": "builtin://reverse-words", field: uri})
     assert (found == []) is ok
     if not ok:
-        assert "builtin://secret-code" in str(found)
+        assert f"spec.dataset.{field}" in str(found) and "builtin://secret-code" in str(found)
 
 
 @pytest.mark.parametrize(

@@ -249,7 +249,7 @@ class DatasetSpec(RuledModel):
         description="Fraction of records held out for evaluation (0 to 0.5; default 0.05, "
         "or 0 when validationUri is set).",
     )
-    validation_uri: Annotated[str, Field(max_length=512, pattern=URI_PATTERN)] | None = Field(
+    validation_uri: Annotated[str, Field(max_length=512, pattern=DATASET_URI_PATTERN)] | None = Field(
         default=None,
         description="A held-out evaluation set in the same format as uri (any location uri accepts); "
         "exclusive with validationSplit.",
