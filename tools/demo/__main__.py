@@ -28,6 +28,7 @@ import yaml
 from finetune_localcluster import PROCESS_NODE_PLACEMENT, LocalCluster
 from finetune_localcluster.binaries import ensure_binaries
 from finetune_localcluster.devtools import OperatorProcess, bind_claim, helm, install_crd, service_account_kubeconfig
+from tools.demo import prepare
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "smollm2-cpu.yaml"
@@ -121,6 +122,10 @@ def main() -> int:
             name = doc["metadata"]["name"]
             say(f"5. kubectl apply -f {args.example.name}  (2 pods × 1 CPU rank, LoRA, {doc['spec']['model']['uri']})")
             bind_claim(kube, JOB_NS, CLAIM)
+            if doc["spec"]["model"]["uri"] == f"builtin://{prepare.SMOLLM2}" and prepare.seed_output_cache(
+                cluster.workdir / "pvc" / JOB_NS / CLAIM / name
+            ):
+                print(f"   (the converted model comes from {prepare.converted_models()}: scripts/demo.sh prepares it)")
             doc["metadata"]["namespace"] = JOB_NS
             doc["spec"]["resources"].update(PROCESS_NODE_PLACEMENT)
             print(kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(doc)), end="")
