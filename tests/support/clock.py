@@ -3,9 +3,9 @@
 `FakeClock` implements the queue's `Clock`: `now()` stands still until `advance()`, and the
 queue's scheduler, waiting for its next due key, wakes when `advance()` passes that time (or
 when the queue is notified, as with real time). Each time the scheduler is about to block,
-it has handed out everything due: `wait_until` checks a condition again at those moments, so
-a test waits for "the queue has nothing left to do now" (`settle`) instead of sleeping and
-hoping that a pass that should not happen would have happened by then.
+it has handed out every due key a worker is free for: `wait_until` checks a condition again
+at those moments, so a test waits for "the queue has nothing left to do now" (`settle`)
+instead of sleeping and hoping that a pass that should not happen would have happened by then.
 """
 
 from __future__ import annotations
