@@ -90,6 +90,18 @@ def test_no_test_module_imports_another() -> None:
         ("from tests.cluster.operator_harness import Jobs\nimport pytest", ("tests", "robustness"), set()),
         ("from .conftest import x\nfrom . import documents", ("tests", "robustness"), set()),
     ],
+    ids=[
+        "absolute",
+        "relative",
+        "relative-parent",
+        "module-from-package",
+        "module-from-own-package",
+        "import-as",
+        "inside-a-function",
+        "support-modules",
+        "harness-module",
+        "conftest-and-sibling",
+    ],
 )
 def test_every_form_of_import_is_seen(source: str, package: tuple[str, ...], expected: set[str]) -> None:
     assert imported_test_modules(source, package) == expected
