@@ -4,7 +4,7 @@ The operator writes each job's ConfigMap, headless Service and StatefulSet with 
 apply through the generated Kubernetes client. This measures, per job (three children),
 against a real apiserver and etcd, one writer thread, in interleaved rounds:
 
-- the writer's own CPU: generated client methods (the operator's `ClusterIO`) against the
+- the writer's own CPU: generated client methods (the operator's `KubernetesClusterIO`) against the
   raw REST call with the same body and headers (no per-call argument validation or
   serialisation walk): is the client library worth bypassing?
 - the apiserver's and etcd's CPU: server-side apply (the operator's way: idempotent, one
@@ -36,7 +36,7 @@ from finetune_localcluster import LocalCluster
 from finetune_localcluster.devtools import install_crd
 from finetune_operator.api import FineTuneJob
 from finetune_operator.plan import choose_plan
-from finetune_operator.reconcile.cluster_io import APPLY, FIELD_MANAGER, TIMEOUT, ClusterIO
+from finetune_operator.reconcile.cluster_io import APPLY, FIELD_MANAGER, TIMEOUT, KubernetesClusterIO
 from finetune_operator.render.manifests import render_all
 from finetune_operator.render.options import RenderOptions
 from tests.factories import job_document
@@ -124,7 +124,7 @@ def main() -> None:
         install_crd(kube)
         kube.create("/api/v1/namespaces", {"metadata": {"name": NS}})
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))  # type: ignore[no-untyped-call]
-        io = ClusterIO(api)
+        io = KubernetesClusterIO(api)
         variants: dict[str, Callable[[Obj], None]] = {
             "apply, generated client": lambda o: io.apply([o]),
             "apply, raw REST call": lambda o: raw(api, o, create=False),

@@ -219,13 +219,13 @@ class IdealController:
 
         from finetune_operator.api import FineTuneJob
         from finetune_operator.plan import choose_plan
-        from finetune_operator.reconcile.cluster_io import ClusterIO
+        from finetune_operator.reconcile.cluster_io import KubernetesClusterIO
         from finetune_operator.render.manifests import render_all
         from finetune_operator.render.options import RenderOptions
 
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))  # type: ignore[no-untyped-call]
         api.configuration.connection_pool_maxsize = 20
-        self.io = ClusterIO(api)
+        self.io = KubernetesClusterIO(api)
         self.cluster = cluster
         options = RenderOptions(trainer_image=IMAGE)
         self.prepared: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {}

@@ -137,5 +137,12 @@ def gpu_job(**spec: Any) -> dict[str, Any]:
     return {"resources": resources, **spec}
 
 
+def small(**spec: Any) -> dict[str, Any]:
+    """2 pods × 4 GPUs, so two jobs fit the two kwok nodes at once; no claims to bind."""
+    spec.setdefault("dataset", {"uri": "/data/train.jsonl"})
+    spec.setdefault("output", {"uri": "/output/job"})
+    return gpu_job(resources={"gpusPerNode": 4, **spec.pop("resources", {})}, **spec)
+
+
 def python() -> str:
     return sys.executable

@@ -1,4 +1,4 @@
-"""ClusterIO's status write against the real apiserver: what each refusal becomes.
+"""KubernetesClusterIO's status write against the real apiserver: what each refusal becomes.
 
 A pass that raced the job's deletion gets 404 on the status subresource. That is `JobGone` (a
 `Conflict`: the pass ends quietly), never an exception that the work queue retries with a
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from finetune_localcluster import Kube
-from finetune_operator.reconcile.cluster_io import ClusterIO, Conflict, JobGone
+from finetune_operator.reconcile.cluster_io import Conflict, JobGone, KubernetesClusterIO
 from tests.cluster.operator_harness import JOBS, Jobs
 
 pytestmark = pytest.mark.timeout(120)
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 def test_a_status_write_on_a_deleted_job_is_job_gone_and_a_stale_one_is_conflict(
     crd: dict[str, Any], kube: Kube, namespace: str, k8s_client: Any
 ) -> None:
-    io = ClusterIO(k8s_client)
+    io = KubernetesClusterIO(k8s_client)
     job = Jobs(kube, namespace).create("gone")
     version = job["metadata"]["resourceVersion"]
     io.patch_status(namespace, "gone", version, {"state": "Pending"})

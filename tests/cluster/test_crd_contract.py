@@ -21,7 +21,7 @@ from finetune_localcluster import Kube, KubeError, wait_for
 from finetune_localcluster.binaries import cached_binaries
 from finetune_operator.api import FineTuneJob
 from tests.factories import BASE_JOB, job_document
-from tests.unit.test_api_fuzz import ABSENT, MENU, OPERATOR_CHECKED, _pydantic, _set
+from tests.support.job_menu import ABSENT, MENU, OPERATOR_CHECKED, parse_job, set_field
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 JOBS = "/apis/finetune.dev/v1alpha1/namespaces/{ns}/finetunejobs"
@@ -109,7 +109,7 @@ def test_cel_rules_fire_with_the_models_message(
     doc = job_document(**spec)
     message = rejection(kube, namespace, doc)
     assert field in message and words in message, message
-    _, lines = _pydantic(doc)
+    _, lines = parse_job(doc)
     assert any(line.startswith(field + ":") and words in line for line in lines), lines
 
 
@@ -213,7 +213,7 @@ def _sample(rng: random.Random) -> dict[str, Any]:
     for dotted, values in MENU.items():
         value = rng.choice(values)
         if value is not ABSENT:
-            _set(doc["spec"], dotted, copy.deepcopy(value))
+            set_field(doc["spec"], dotted, copy.deepcopy(value))
     return doc
 
 
@@ -225,7 +225,7 @@ def test_models_and_apiserver_agree_on_a_generated_corpus(
     agreed = 0
     for _ in range(25):
         doc = _sample(rng)
-        job, lines = _pydantic(doc)
+        job, lines = parse_job(doc)
         try:
             create(kube, namespace, doc, dry_run=True)
             accepted, message = True, ""

@@ -15,7 +15,7 @@ import pytest
 
 from finetune_localcluster import Kube, KubeError, wait_for
 from finetune_localcluster.devtools import OperatorProcess
-from tests.cluster.operator_harness import Jobs, gpu_job
+from tests.cluster.operator_harness import Jobs, gpu_job, small
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -23,13 +23,6 @@ pytestmark = pytest.mark.timeout(180)
 @pytest.fixture
 def jobs(kube: Kube, namespace: str, operator: OperatorProcess) -> Jobs:
     return Jobs(kube, namespace)
-
-
-def small(**spec: Any) -> dict[str, Any]:
-    """2 pods × 4 GPUs, so two jobs fit the two kwok nodes at once; no claims to bind."""
-    spec.setdefault("dataset", {"uri": "/data/train.jsonl"})
-    spec.setdefault("output", {"uri": "/output/job"})
-    return gpu_job(resources={"gpusPerNode": 4, **spec.pop("resources", {})}, **spec)
 
 
 def running(jobs: Jobs, name: str = "job") -> dict[str, Any]:

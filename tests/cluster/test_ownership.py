@@ -11,8 +11,7 @@ import pytest
 
 from finetune_localcluster import Kube, wait_for
 from finetune_localcluster.devtools import OperatorProcess
-from tests.cluster.operator_harness import Jobs
-from tests.cluster.test_operator_lifecycle import small
+from tests.cluster.operator_harness import Jobs, small
 
 pytestmark = pytest.mark.timeout(180)
 

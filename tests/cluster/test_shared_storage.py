@@ -84,9 +84,9 @@ def test_gpu_placement_schedules_on_nodes_with_the_gfd_memory_label(
 
 
 def test_the_newest_warning_event_of_a_pod_is_read_by_its_uid(kube: Kube, namespace: str, k8s_client: Any) -> None:
-    """ClusterIO.pod_warning against the real apiserver: field selectors on the pod's uid and
+    """KubernetesClusterIO.pod_warning against the real apiserver: field selectors on the pod's uid and
     `type=Warning`, the newest first; another pod's events and Normal events are not read."""
-    from finetune_operator.reconcile.cluster_io import ClusterIO
+    from finetune_operator.reconcile.cluster_io import KubernetesClusterIO
 
     def make_pod(name: str) -> dict[str, Any]:
         spec = {"containers": [{"name": "c", "image": "x"}], "nodeName": "nowhere"}
@@ -102,7 +102,7 @@ def test_the_newest_warning_event_of_a_pod_is_read_by_its_uid(kube: Kube, namesp
         )  # fmt: skip
 
     stuck, other = make_pod("job-1"), make_pod("job-0")
-    io = ClusterIO(k8s_client)
+    io = KubernetesClusterIO(k8s_client)
     assert io.pod_warning(namespace, stuck["metadata"]["uid"]) is None
     event(stuck, "e1", "Warning", "FailedMount", "timed out waiting for the condition", "2026-12-01T08:00:00Z")
     event(stuck, "e2", "Warning", "FailedAttachVolume", 'Multi-Attach error for volume "pvc-1"', "2026-12-01T08:00:05Z")

@@ -8,50 +8,36 @@ everything else is the real Reconciler.
 
 from __future__ import annotations
 
-import copy
-from typing import Any, cast
+from collections.abc import Iterable
+from typing import Any
 
 import pytest
 
-from finetune_operator.reconcile.cluster_io import NOT_OURS, ChildWriteError, ClusterIO
+from finetune_operator.reconcile.cluster_io import NOT_OURS, ChildWriteError
 from finetune_operator.reconcile.observed import Observed
 from finetune_operator.reconcile.policies.context import Event
-from finetune_operator.reconcile.runner import Reconciler
-from finetune_operator.render.options import RenderOptions
-from tests.factories import job_document
+from tests.support.cluster import FakeCluster, reconciler_on, stored_job
 
 
-class RefusingCluster:
+class RefusingCluster(FakeCluster):
+    """Every apply raises `error` (None: applies are accepted)."""
+
     def __init__(self, body: dict[str, Any], error: ChildWriteError | None) -> None:
-        self.body, self.error, self.owner_uids = body, error, []  # type: ignore[var-annotated]
+        super().__init__(body)
+        self.error = error
 
-    def apply(self, objects: Any, owner_uid: str) -> None:
-        list(objects)
-        self.owner_uids.append(owner_uid)
+    def apply(self, objects: Iterable[dict[str, Any]], owner_uid: str) -> None:
+        super().apply(objects, owner_uid)
         if self.error is not None:
             raise self.error
 
-    def claim_access_modes(self, namespace: str, claim: str) -> tuple[str, ...]:
-        return ("ReadWriteMany",)
-
-    def read_job(self, namespace: str, name: str) -> dict[str, Any]:
-        return copy.deepcopy(self.body)
-
-    def patch_status(self, namespace: str, name: str, rv: str | None, patch: dict[str, Any]) -> str:
-        status = {**(self.body.get("status") or {}), **patch}
-        self.body["status"] = {k: v for k, v in status.items() if v is not None}
-        self.body["metadata"]["resourceVersion"] = str(int(self.body["metadata"]["resourceVersion"]) + 1)
-        return str(self.body["metadata"]["resourceVersion"])
-
 
 def reconcile_with(error: ChildWriteError | None, passes: int = 1) -> tuple[RefusingCluster, list[Event]]:
-    doc = job_document(resources={"numNodes": 2, "gpusPerNode": 8})
-    doc["metadata"].update({"uid": "job-uid", "resourceVersion": "1", "generation": 1})
-    cluster = RefusingCluster(doc, error)
+    cluster = RefusingCluster(stored_job(uid="job-uid"), error)
     events: list[Event] = []
-    reconciler = Reconciler(cast(ClusterIO, cluster), RenderOptions(trainer_image="t"), lambda _b, e: events.append(e))
+    reconciler = reconciler_on(cluster, lambda _b, e: events.append(e))
     for _ in range(passes):
-        reconciler.reconcile(cluster.read_job("", ""), Observed(workers=None), apply_all=True)
+        reconciler.reconcile(cluster.job(), Observed(workers=None), apply_all=True)
     return cluster, events
 
 
@@ -69,8 +55,8 @@ def test_a_foreign_object_of_a_childs_name_is_a_condition_naming_it() -> None:
     assert cluster.body["status"]["state"] == "Planned"  # waits: deleting the object lets it proceed
     assert [e.reason for e in events].count("ChildConflict") == 1  # one warning, not one per pass
     cluster.error = None
-    reconciler = Reconciler(cast(ClusterIO, cluster), RenderOptions(trainer_image="t"), lambda *_: None)
-    reconciler.reconcile(cluster.read_job("", ""), Observed(workers=None), apply_all=True)
+    reconciler = reconciler_on(cluster)
+    reconciler.reconcile(cluster.job(), Observed(workers=None), apply_all=True)
     assert condition(cluster, "Running")["reason"] == "WaitingForWorkers"
 
 
@@ -97,15 +83,13 @@ def test_a_queued_job_on_a_cluster_without_kueue_says_so() -> None:
     "404 Not Found" under a Queued condition that waits forever."""
 
     class NoKueue(RefusingCluster):
-        def apply(self, objects: Any, owner_uid: str) -> None:
+        def apply(self, objects: Iterable[dict[str, Any]], owner_uid: str) -> None:
             if any(o["kind"] == "Workload" for o in objects):
                 raise ChildWriteError("Workload", "job", 404, "Not Found")
 
-    doc = job_document(resources={"numNodes": 2, "gpusPerNode": 8}, queueName="team-a")
-    doc["metadata"].update({"uid": "job-uid", "resourceVersion": "1", "generation": 1})
-    cluster = NoKueue(doc, None)
-    reconciler = Reconciler(cast(ClusterIO, cluster), RenderOptions(trainer_image="t"), lambda *_: None)
-    reconciler.reconcile(cluster.read_job("", ""), Observed(workers=None), apply_all=True)
+    cluster = NoKueue(stored_job(uid="job-uid", queueName="team-a"), None)
+    reconciler = reconciler_on(cluster)
+    reconciler.reconcile(cluster.job(), Observed(workers=None), apply_all=True)
     running = condition(cluster, "Running")
     assert running["reason"] == "ChildWriteFailed", running
     assert "does not serve Kueue's Workload API" in running["message"] and "spec.queueName" in running["message"]

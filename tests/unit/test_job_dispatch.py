@@ -2,33 +2,28 @@
 
 A recording reconciler stands in for the real one (which the cluster tier exercises
 against a real apiserver); what is checked here is the wiring: which event causes a pass,
-with which body and children, how often, and when the next unprompted pass comes.
+with which body and children, how often, and when the next unprompted pass comes. The work
+queue runs on a `FakeClock`: the tests move time and wait until the queue is idle, so "no
+pass" is checked once everything due has run, and "not before the interval" exactly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from finetune_operator.api.status import FineTuneJobStatus, State
-from finetune_operator.handlers.dispatch import HandlerSettings, JobHandlers, next_pass
+from finetune_operator.handlers.dispatch import POKE_DELAY_SECONDS, HandlerSettings, JobHandlers, next_pass
 from finetune_operator.reconcile.lifecycle import Decision
 from finetune_operator.reconcile.observed import Observed, PodView, WorkersView
 from finetune_operator.reconcile.runner import Outcome
 from finetune_operator.render.identity import JOB_NAME_LABEL
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
+from tests.support.clock import WAIT_LIMIT_S, FakeClock
 
 
 @dataclass
@@ -94,8 +89,14 @@ def reconciler() -> RecordingReconciler:
 
 
 @pytest.fixture
-def handlers(reconciler: RecordingReconciler) -> Iterator[JobHandlers]:
-    jobs = JobHandlers(reconciler, HandlerSettings(interval_seconds=60, resync_seconds=600, max_workers=4))
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def handlers(reconciler: RecordingReconciler, clock: FakeClock) -> Iterator[JobHandlers]:
+    settings = HandlerSettings(interval_seconds=60, resync_seconds=600, max_workers=4)
+    jobs = JobHandlers(reconciler, settings, clock=clock)
     jobs.bind(pods={("ns", "a"): [OWNED_POD, FOREIGN_POD]}, workers={("ns", "a"): [FOREIGN_STS, WORKERS]})
     jobs.start()
     yield jobs
@@ -107,12 +108,13 @@ def run(coro: Any) -> None:
 
 
 def test_first_sight_applies_every_child_then_later_passes_do_not(
-    handlers: JobHandlers, reconciler: RecordingReconciler
+    handlers: JobHandlers, reconciler: RecordingReconciler, clock: FakeClock
 ) -> None:
     run(handlers.on_job(job_event("a", "1", type_=None)))  # the initial listing after a start
-    wait_for(lambda: len(reconciler.calls) == 1)
+    clock.settle(handlers.queue)
+    assert len(reconciler.calls) == 1
     run(handlers.on_job(job_event("a", "2")))
-    wait_for(lambda: len(reconciler.calls) == 2)
+    clock.settle(handlers.queue)
     assert [c.apply_all for c in reconciler.calls] == [True, False]
     assert reconciler.calls[1].body["metadata"]["resourceVersion"] == "2"
     assert "managedFields" not in reconciler.calls[1].body["metadata"]  # not kept in memory
@@ -122,71 +124,90 @@ def test_first_sight_applies_every_child_then_later_passes_do_not(
 
 
 def test_a_pod_event_reconciles_its_job_with_the_newest_body(
-    handlers: JobHandlers, reconciler: RecordingReconciler
+    handlers: JobHandlers, reconciler: RecordingReconciler, clock: FakeClock
 ) -> None:
     run(handlers.on_job(job_event("a", "7")))
-    wait_for(lambda: len(reconciler.calls) == 1)
+    clock.settle(handlers.queue)
     run(handlers.on_child(pod_event("a")))
-    wait_for(lambda: len(reconciler.calls) == 2)
+    clock.advance(POKE_DELAY_SECONDS)
+    clock.settle(handlers.queue)
+    assert len(reconciler.calls) == 2
     assert reconciler.calls[1].body["metadata"]["resourceVersion"] == "7"
 
 
-def test_a_burst_of_pod_events_is_one_pass(handlers: JobHandlers, reconciler: RecordingReconciler) -> None:
+def test_a_burst_of_pod_events_is_one_pass(
+    handlers: JobHandlers, reconciler: RecordingReconciler, clock: FakeClock
+) -> None:
     run(handlers.on_job(job_event("a", "1")))
-    wait_for(lambda: len(reconciler.calls) == 1)
+    clock.settle(handlers.queue)
+    assert len(reconciler.calls) == 1
 
     async def burst() -> None:
         for _ in range(30):
             await handlers.on_child(pod_event("a"))
 
     run(burst())
-    wait_for(lambda: len(reconciler.calls) >= 2)
-    time.sleep(0.3)
+    clock.settle(handlers.queue)
+    assert len(reconciler.calls) == 1  # merged, and waiting out the poke delay
+    clock.advance(POKE_DELAY_SECONDS)
+    clock.settle(handlers.queue)
+    assert len(reconciler.calls) == 2
+    clock.advance(30)  # well inside the 60 s interval
+    clock.settle(handlers.queue)
     assert len(reconciler.calls) == 2
 
 
 def test_the_echo_of_our_own_status_write_is_stored_but_causes_no_pass(
-    handlers: JobHandlers, reconciler: RecordingReconciler
+    handlers: JobHandlers, reconciler: RecordingReconciler, clock: FakeClock
 ) -> None:
     run(handlers.on_job(job_event("a", "1")))
-    wait_for(lambda: len(reconciler.calls) == 1)
+    clock.settle(handlers.queue)
     reconciler.own_writes.add(("uid-a", "2"))  # the pass wrote status; the apiserver answered rv 2
     run(handlers.on_job(job_event("a", "2")))
-    time.sleep(0.3)
+    clock.advance(30)  # well inside the 60 s interval
+    clock.settle(handlers.queue)
     assert len(reconciler.calls) == 1
     run(handlers.on_child(pod_event("a")))  # the next pass sees the newest body all the same
-    wait_for(lambda: len(reconciler.calls) == 2)
+    clock.advance(POKE_DELAY_SECONDS)
+    clock.settle(handlers.queue)
+    assert len(reconciler.calls) == 2
     assert reconciler.calls[1].body["metadata"]["resourceVersion"] == "2"
     run(handlers.on_job(job_event("a", "3")))  # anyone else's change is a pass
-    wait_for(lambda: len(reconciler.calls) == 3)
+    clock.settle(handlers.queue)
+    assert len(reconciler.calls) == 3
 
 
-def test_a_new_job_is_reconciled_before_status_passes_of_known_ones(reconciler: RecordingReconciler) -> None:
+def test_a_new_job_is_reconciled_before_status_passes_of_known_ones(
+    reconciler: RecordingReconciler, clock: FakeClock
+) -> None:
     """In a burst of creations, children of new jobs are not queued behind pod-event passes."""
-    gate = threading.Event()
+    holding, gate = threading.Event(), threading.Event()
     original = reconciler.reconcile
 
     def held(body: Mapping[str, Any], observed: Observed, apply_all: bool = False) -> Outcome:
         if body["metadata"]["name"] == "hold":
-            gate.wait(5)
+            holding.set()
+            gate.wait(WAIT_LIMIT_S)
         return original(body, observed, apply_all)
 
     reconciler.reconcile = held  # type: ignore[method-assign]
-    jobs = JobHandlers(reconciler, HandlerSettings(interval_seconds=60, resync_seconds=600, max_workers=1))
+    settings = HandlerSettings(interval_seconds=60, resync_seconds=600, max_workers=1)
+    jobs = JobHandlers(reconciler, settings, clock=clock)
     jobs.bind(pods={}, workers={})
     jobs.start()
     try:
         for name in ("a", "b"):
             run(jobs.on_job(job_event(name, "1")))
-        wait_for(lambda: len(reconciler.calls) == 2)
+        clock.settle(jobs.queue)
+        assert len(reconciler.calls) == 2
         run(jobs.on_job(job_event("hold", "1")))  # occupies the only worker
-        time.sleep(0.05)
+        assert holding.wait(WAIT_LIMIT_S)
         run(jobs.on_child(pod_event("a")))
         run(jobs.on_child(pod_event("b")))
-        time.sleep(0.1)  # their pokes are due
+        clock.advance(POKE_DELAY_SECONDS)  # their pokes are due
         run(jobs.on_job(job_event("new", "1")))
         gate.set()
-        wait_for(lambda: len(reconciler.calls) == 6)
+        clock.settle(jobs.queue)
         names = [c.body["metadata"]["name"] for c in reconciler.calls[2:]]
         assert names == ["hold", "new", "a", "b"]
         assert reconciler.calls[3].apply_all
@@ -194,36 +215,54 @@ def test_a_new_job_is_reconciled_before_status_passes_of_known_ones(reconciler: 
         jobs.stop()
 
 
-def test_children_of_an_unknown_job_cause_no_pass(handlers: JobHandlers, reconciler: RecordingReconciler) -> None:
+def test_children_of_an_unknown_job_cause_no_pass(
+    handlers: JobHandlers, reconciler: RecordingReconciler, clock: FakeClock
+) -> None:
     run(handlers.on_child(pod_event("stranger")))
-    time.sleep(0.3)
+    clock.advance(POKE_DELAY_SECONDS)
+    clock.settle(handlers.queue)
     assert reconciler.calls == []
+    assert len(handlers.queue) == 0  # and the queue keeps nothing of it
 
 
-def test_deletion_forgets_the_job(handlers: JobHandlers, reconciler: RecordingReconciler) -> None:
+def test_deletion_forgets_the_job(handlers: JobHandlers, reconciler: RecordingReconciler, clock: FakeClock) -> None:
     run(handlers.on_job(job_event("a", "1")))
-    wait_for(lambda: len(reconciler.calls) == 1)
+    clock.settle(handlers.queue)
     run(handlers.on_job(job_event("a", "2", type_="DELETED")))
+    assert len(handlers.queue) == 0  # its next unprompted pass is dropped too
     run(handlers.on_child(pod_event("a")))
-    time.sleep(0.3)
+    clock.advance(600)  # past the interval, the resync and the poke delay
+    clock.settle(handlers.queue)
     assert len(reconciler.calls) == 1
     assert reconciler.forgotten == ["uid-a"]
     assert handlers.health()["jobs"] == 0
 
 
-def test_an_active_job_is_passed_again_after_the_interval() -> None:
+def test_an_active_job_is_passed_again_after_the_interval(clock: FakeClock) -> None:
     reconciler = RecordingReconciler()
-    jobs = JobHandlers(reconciler, HandlerSettings(interval_seconds=0.1, resync_seconds=600))
+    jobs = JobHandlers(reconciler, HandlerSettings(interval_seconds=5, resync_seconds=600), clock=clock)
     jobs.bind(pods={}, workers={})
     jobs.start()
     try:
         run(jobs.on_job(job_event("a", "1")))
-        wait_for(lambda: len(reconciler.calls) >= 3)
-        reconciler.state = State.SUCCEEDED  # at rest: the next pass is the resync, far away
-        time.sleep(0.3)
-        settled = len(reconciler.calls)
-        time.sleep(0.3)
-        assert len(reconciler.calls) == settled
+        clock.settle(jobs.queue)
+        for passes in (1, 2, 3):
+            assert len(reconciler.calls) == passes
+            clock.advance(4)
+            clock.settle(jobs.queue)
+            assert len(reconciler.calls) == passes, "passed again before the interval"
+            clock.advance(1)
+            clock.settle(jobs.queue)
+        reconciler.state = State.SUCCEEDED  # at rest: the pass after next is the resync, far away
+        clock.advance(5)
+        clock.settle(jobs.queue)
+        assert len(reconciler.calls) == 5
+        clock.advance(599)
+        clock.settle(jobs.queue)
+        assert len(reconciler.calls) == 5
+        clock.advance(1)
+        clock.settle(jobs.queue)
+        assert len(reconciler.calls) == 6
     finally:
         jobs.stop()
 

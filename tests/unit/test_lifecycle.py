@@ -3,106 +3,15 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from finetune_operator.api import FineTuneJob
 from finetune_operator.api.spec import FineTuneJobSpec
-from finetune_operator.api.status import FineTuneJobStatus, PlanStatus, Progress
-from finetune_operator.plan.fixed import fixed_plan
-from finetune_operator.reconcile.lifecycle import Decision, PlanFailed, decide
-from finetune_operator.reconcile.observed import observe
-from tests.factories import job_document
-
-NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
-HASH = "h1"
-
-
-def ts(at: datetime) -> str:
-    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def pod(
-    ordinal: int,
-    *,
-    ready: bool = True,
-    state: dict[str, Any] | None = None,
-    last: dict[str, Any] | None = None,
-    restarts: int = 0,
-    config_hash: str = HASH,
-    created: datetime = NOW - timedelta(minutes=5),
-    deleting: bool = False,
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "name": f"job-{ordinal}",
-        "uid": f"uid-{ordinal}-{created.timestamp():.0f}",
-        "labels": {"apps.kubernetes.io/pod-index": str(ordinal)},
-        "annotations": {"finetune.dev/config-hash": config_hash},
-        "creationTimestamp": ts(created),
-    }
-    if deleting:
-        meta["deletionTimestamp"] = ts(NOW)
-    return {
-        "metadata": meta,
-        "status": {
-            "phase": "Running",
-            "podIP": f"127.2.0.{ordinal + 1}",
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-            "containerStatuses": [
-                {
-                    "name": "trainer",
-                    "restartCount": restarts,
-                    "state": state or {"running": {}},
-                    "lastState": {"terminated": last} if last else {},
-                }
-            ],
-        },
-    }
-
-
-def exited(code: int, message: str = "", reason: str = "Error", at: datetime = NOW) -> dict[str, Any]:
-    return {"exitCode": code, "reason": reason, "message": message, "finishedAt": ts(at)}
-
-
-def planner(spec: FineTuneJobSpec) -> PlanStatus:
-    return fixed_plan(spec)
-
-
-def frugal(spec: FineTuneJobSpec, plan: PlanStatus) -> PlanStatus | None:
-    if plan.zero_stage >= 3:
-        return None
-    return plan.model_copy(update={"zero_stage": plan.zero_stage + 1})
-
-
-def job_with(status: FineTuneJobStatus | None = None, generation: int = 1, **spec: Any) -> FineTuneJob:
-    doc = job_document(resources={"numNodes": 2, "gpusPerNode": 8}, **spec)
-    doc["metadata"].update({"uid": "job-uid", "generation": generation})
-    job = FineTuneJob.from_manifest(doc)
-    return job.model_copy(update={"status": status}) if status else job
-
-
-def run(job: FineTuneJob, pods: list[dict[str, Any]], sts: bool = True, now: datetime = NOW, **kw: Any) -> Decision:
-    observed = observe({"spec": {"replicas": 2}} if sts else None, pods)
-    return decide(
-        job,
-        observed,
-        now,
-        planner=kw.pop("planner", planner),
-        replanner=kw.pop("replanner", frugal),
-        desired_config_hash=lambda _p: HASH,
-        **kw,
-    )
-
-
-def step(job: FineTuneJob, pods: list[dict[str, Any]], **kw: Any) -> tuple[FineTuneJob, Decision]:
-    decision = run(job, pods, **kw)
-    return job.model_copy(update={"status": decision.status}), decision
-
-
-def reasons(decision: Decision) -> list[str]:
-    return [e.reason for e in decision.events]
+from finetune_operator.api.status import PlanStatus, Progress
+from finetune_operator.reconcile.lifecycle import PlanFailed
+from tests.support.lifecycle import NOW, exited, job_with, pod, reasons, run, step, ts
 
 
 def test_new_job_is_planned_and_waits_for_workers() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -220,12 +219,9 @@ def test_json_has_exactly_the_documented_keys() -> None:
     }
 
 
-def test_planning_a_70b_job_is_fast() -> None:
-    spec = job_spec("llama-3.1-70b", "full", nodes=4, gpus=8)
-    started = time.perf_counter()
-    result = plan_job(spec)
-    elapsed = time.perf_counter() - started
-    print(f"analytical planning of a 70B job: {elapsed * 1000:.1f} ms over {len(result.candidates)} candidates")
+def test_a_70b_full_fine_tuning_job_on_four_nodes_gets_a_plan() -> None:
+    """How long planning it takes is measured by benchmarks/planner_speed.py, not here."""
+    result = plan_job(job_spec("llama-3.1-70b", "full", nodes=4, gpus=8))
     assert result.chosen is not None
 
 

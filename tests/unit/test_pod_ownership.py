@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, cast
+from typing import Any
 
 from finetune_operator.api.status import State
-from finetune_operator.reconcile.cluster_io import ClusterIO
 from finetune_operator.reconcile.lifecycle import decide
 from finetune_operator.reconcile.observed import Observed, owned, pod_view, workers_view
-from finetune_operator.reconcile.runner import Reconciler
-from finetune_operator.render.options import RenderOptions
-from tests.factories import job_document
-from tests.unit.test_lifecycle import HASH, NOW, exited, frugal, job_with, planner, pod, step
+from tests.support.cluster import FakeCluster, reconciler_on, stored_job
+from tests.support.lifecycle import HASH, NOW, exited, frugal, job_with, planner, pod, step
 
 JOB_UID = "job-uid"
 STS_UID = "sts-uid"
@@ -92,41 +89,15 @@ def test_a_statefulset_the_job_does_not_control_is_not_its_workers() -> None:
     assert observed("", statefulset(owner=None), pods).workers is None  # an unknown job uid matches nothing
 
 
-class Recorder:
-    """The Reconciler's cluster, as far as a gang restart uses it."""
-
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.body = body
-        self.deleted: list[list[tuple[str, str]]] = []
-
-    def apply(self, objects: Any, owner_uid: str) -> None:
-        list(objects)
-
-    def claim_access_modes(self, namespace: str, claim: str) -> tuple[str, ...]:
-        return ("ReadWriteMany",)
-
-    def delete_pods(self, namespace: str, pods: Any) -> None:
-        self.deleted.append(list(pods))
-
-    def read_job(self, namespace: str, name: str) -> dict[str, Any]:
-        return copy.deepcopy(self.body)
-
-    def patch_status(self, namespace: str, name: str, rv: str | None, patch: dict[str, Any]) -> str:
-        self.body["status"] = {k: v for k, v in {**(self.body.get("status") or {}), **patch}.items() if v is not None}
-        return rv or ""
-
-
 def test_a_gang_restart_deletes_only_owned_pods_by_name_and_uid() -> None:
-    doc = job_document(resources={"numNodes": 2, "gpusPerNode": 8})
-    doc["metadata"].update({"uid": JOB_UID, "resourceVersion": "1", "generation": 1})
-    store = Recorder(doc)
-    reconciler = Reconciler(cast(ClusterIO, store), RenderOptions(trainer_image="t"), lambda *_: None)
-    reconciler.reconcile(store.read_job("", ""), Observed(workers=None))
+    store = FakeCluster(stored_job(uid=JOB_UID))
+    reconciler = reconciler_on(store)
+    reconciler.reconcile(store.job(), Observed(workers=None))
     failing = owned_by(pod(0, config_hash="old", state={"terminated": exited(1, "boom")}))
     foreign = pod(5, config_hash="old")  # the user's own pod, labelled for the job
-    obs = owned(
-        "job", JOB_UID, [workers_view(statefulset(config_hash="old"))], [pod_view(p) for p in (failing, foreign)]
-    )  # type: ignore[list-item]
-    reconciler.reconcile(store.read_job("", ""), obs)
-    assert store.deleted, "the gang was not restarted"
-    assert all(batch == [(failing["metadata"]["name"], failing["metadata"]["uid"])] for batch in store.deleted)
+    workers = workers_view(statefulset(config_hash="old"))
+    assert workers is not None
+    obs = owned("job", JOB_UID, [workers], [pod_view(p) for p in (failing, foreign)])
+    reconciler.reconcile(store.job(), obs)
+    assert store.deleted_pods, "the gang was not restarted"
+    assert all(batch == [(failing["metadata"]["name"], failing["metadata"]["uid"])] for batch in store.deleted_pods)

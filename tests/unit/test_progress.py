@@ -5,15 +5,15 @@ from __future__ import annotations
 import threading
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, cast
+from typing import Any
 
 from finetune_operator.reconcile import runner
-from finetune_operator.reconcile.cluster_io import ClusterIO
 from finetune_operator.reconcile.observed import Observed, PodView
 from finetune_operator.reconcile.progress import Sample, parse, scrape, to_progress
 from finetune_operator.reconcile.runner import Reconciler
 from finetune_operator.render.options import RenderOptions
 from tests.factories import make_job
+from tests.support.cluster import FakeCluster, stored_job
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 TEXT = """# HELP finetune_train_global_step Optimizer steps taken.
@@ -96,7 +96,8 @@ def test_a_failing_rank_0_endpoint_is_read_once_per_period_not_on_every_pass(mon
     server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        reconciler = Reconciler(cast(ClusterIO, None), RenderOptions(metrics_port=server.server_port), lambda *_: None)
+        cluster = FakeCluster(stored_job())
+        reconciler = Reconciler(cluster, RenderOptions(metrics_port=server.server_port), lambda *_: None)
         job = make_job().model_copy(update={"metadata": make_job().metadata.model_copy(update={"uid": "u1"})})
         rank0 = PodView(name="j-0", uid="p", ordinal=0, phase="Running", ready=True, ip="127.0.0.1",
                         restart_count=0, deleting=False, config_hash=None, created="", unschedulable=None,
@@ -108,6 +109,7 @@ def test_a_failing_rank_0_endpoint_is_read_once_per_period_not_on_every_pass(mon
         monkeypatch.setattr(runner, "PROGRESS_EVERY_SECONDS", 0.0)
         reconciler._progress(job, observed, NOW)
         assert len(hits) == 2
+        assert cluster.reads == 0 and cluster.applied == [], "reading progress asks nothing of the apiserver"
     finally:
         server.shutdown()
         server.server_close()

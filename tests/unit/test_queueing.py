@@ -22,7 +22,7 @@ from finetune_operator.render.workload import (
     with_priority,
     workload,
 )
-from tests.unit.test_lifecycle import NOW, frugal, job_with, planner, pod, step, ts
+from tests.support.lifecycle import NOW, frugal, job_with, planner, pod, step, ts
 
 
 def wl_body(*conditions: tuple[str, str, str, str], flavors: dict[str, str] | None = None) -> dict[str, Any]:

@@ -8,57 +8,56 @@ that loses a conflict deletes nothing.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from collections.abc import Iterable
+from typing import Any
 
 import pytest
 
-from finetune_operator.reconcile.cluster_io import ClusterIO, Conflict, JobGone
+from finetune_operator.reconcile.cluster_io import Conflict, JobGone
 from finetune_operator.reconcile.observed import observe
 from finetune_operator.reconcile.runner import Reconciler
-from finetune_operator.render.options import RenderOptions
-from tests.factories import job_document
-from tests.unit.test_lifecycle import exited, pod
-from tests.unit.test_reconciler_stale_body import JobStore, _sts
+from tests.support.cluster import FakeCluster, config_hash_of, reconciler_on, statefulset_of, stored_job
+from tests.support.lifecycle import exited, pod
 
 
-class OrderedStore(JobStore):
+class OrderedStore(FakeCluster):
+    """Records the stored restart count at each gang deletion; `conflict` refuses status writes."""
+
     def __init__(self, body: dict[str, Any]) -> None:
         super().__init__(body)
         self.deleted_with_restarts: list[int] = []
         self.conflict = False
 
-    def delete_pods(self, namespace: str, pods: Any) -> None:
+    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
         self.deleted_with_restarts.append(int((self.body.get("status") or {}).get("restarts") or 0))
 
-    def patch_status(self, namespace: str, name: str, rv: str | None, patch: dict[str, Any]) -> str:
+    def patch_status(self, namespace: str, name: str, resource_version: str | None, status: dict[str, Any]) -> str:
         if self.conflict:
             raise Conflict("someone else wrote first")
-        return super().patch_status(namespace, name, rv, patch)
+        return super().patch_status(namespace, name, resource_version, status)
 
 
 def _running(store: OrderedStore) -> tuple[Reconciler, dict[str, Any], list[Any]]:
-    reconciler = Reconciler(cast(ClusterIO, store), RenderOptions(trainer_image="t"), lambda *_: None)
-    reconciler.reconcile(store.read_job("", ""), observe(None, []))
-    sts = _sts(store.applied[-1])
-    config_hash = sts["spec"]["template"]["metadata"]["annotations"]["finetune.dev/config-hash"]
+    reconciler = reconciler_on(store)
+    reconciler.reconcile(store.job(), observe(None, []))
+    sts = statefulset_of(store.applied[-1])
+    config_hash = config_hash_of(sts)
     failed = [pod(0, config_hash=config_hash, state={"terminated": exited(1, "", "Error")}),
               pod(1, config_hash=config_hash)]  # fmt: skip
     return reconciler, sts, failed
 
 
 def _store() -> OrderedStore:
-    doc = job_document(resources={"numNodes": 2, "gpusPerNode": 8})
-    doc["metadata"].update({"uid": "u1", "resourceVersion": "1", "generation": 1})
-    return OrderedStore(doc)
+    return OrderedStore(stored_job())
 
 
 def test_the_failure_is_counted_in_the_stored_status_before_any_pod_is_deleted() -> None:
     store = _store()
     reconciler, sts, failed = _running(store)
-    reconciler.reconcile(store.read_job("", ""), observe(sts, failed))
+    reconciler.reconcile(store.job(), observe(sts, failed))
     assert store.deleted_with_restarts == [1]
     # killed right after the deletion request: the next pass sees the same failure, counts nothing
-    reconciler.reconcile(store.read_job("", ""), observe(sts, failed))
+    reconciler.reconcile(store.job(), observe(sts, failed))
     assert store.deleted_with_restarts == [1, 1]
     assert store.body["status"]["restarts"] == 1
 
@@ -67,10 +66,10 @@ def test_a_status_write_that_loses_a_conflict_deletes_no_pod() -> None:
     store = _store()
     reconciler, sts, failed = _running(store)
     store.conflict = True
-    reconciler.reconcile(store.read_job("", ""), observe(sts, failed))
+    reconciler.reconcile(store.job(), observe(sts, failed))
     assert store.deleted_with_restarts == []
     store.conflict = False
-    reconciler.reconcile(store.read_job("", ""), observe(sts, failed))
+    reconciler.reconcile(store.job(), observe(sts, failed))
     assert store.deleted_with_restarts == [1]
 
 
@@ -84,34 +83,33 @@ def test_a_job_deleted_during_a_pass_ends_the_pass_quietly() -> None:
         raise JobGone("default/tiny")
 
     store.patch_status = gone  # type: ignore[method-assign,assignment]
-    outcome = reconciler.reconcile(store.read_job("", ""), observe(sts, failed))
+    outcome = reconciler.reconcile(store.job(), observe(sts, failed))
     assert not outcome.wrote_status and store.deleted_with_restarts == []
 
 
 class DiesAtScaleDown(OrderedStore):
     """An operator SIGKILLed the moment it scales the workers to 0."""
 
-    def apply(self, objects: Any, owner_uid: str) -> None:
-        if _sts(list(objects))["spec"]["replicas"] == 0:
+    def apply(self, objects: Iterable[dict[str, Any]], owner_uid: str) -> None:
+        batch = list(objects)
+        if statefulset_of(batch)["spec"]["replicas"] == 0:
             raise SystemExit("killed")
-        super().apply(objects, owner_uid)
+        super().apply(batch, owner_uid)
 
 
 def test_the_verdict_is_stored_before_the_finished_gang_is_scaled_away() -> None:
     """A finished gang's exit codes live only in its pods, which the scale-down deletes: an
     operator killed between the scale-down and the status write found neither, and the job never
     got its verdict (the chaos test found it). The verdict is stored first."""
-    doc = job_document(resources={"numNodes": 2, "gpusPerNode": 8})
-    doc["metadata"].update({"uid": "u1", "resourceVersion": "1", "generation": 1})
-    store = DiesAtScaleDown(doc)
+    store = DiesAtScaleDown(stored_job())
     reconciler, sts, _ = _running(store)
-    config_hash = sts["spec"]["template"]["metadata"]["annotations"]["finetune.dev/config-hash"]
+    config_hash = config_hash_of(sts)
     summary = '{"finalLoss": 0.5, "steps": 10, "tokens": 100}'
     done = [pod(i, config_hash=config_hash, state={"terminated": exited(0, summary, "Completed")}) for i in (0, 1)]
     with pytest.raises(SystemExit):
-        reconciler.reconcile(store.read_job("", ""), observe(sts, done))
+        reconciler.reconcile(store.job(), observe(sts, done))
     assert store.body["status"]["state"] == "Succeeded", store.body["status"]
     # the restarted operator scales the gang down from the stored verdict alone (the pods are gone)
-    restarted = Reconciler(cast(ClusterIO, OrderedStore(store.body)), RenderOptions(trainer_image="t"), lambda *_: None)
+    restarted = reconciler_on(OrderedStore(store.body))
     outcome = restarted.reconcile(store.body, observe(sts, []))
     assert outcome.applied and outcome.decision is not None and outcome.decision.replicas == 0

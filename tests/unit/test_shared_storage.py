@@ -12,6 +12,7 @@ from finetune_operator.reconcile.lifecycle import PlanFailed
 from finetune_operator.reconcile.observed import observe, pod_view
 from finetune_operator.reconcile.runner import plan_or_fail
 from tests.factories import job_document
+from tests.support.lifecycle import job_with, pod, run
 
 
 def spec(nodes: int, **overrides: Any) -> Any:
@@ -76,8 +77,6 @@ def test_waiting_reasons_are_read(waiting: dict[str, Any], says: str | None) -> 
 
 
 def test_waiting_reason_shows_in_the_running_condition() -> None:
-    from tests.unit.test_lifecycle import job_with, pod, run
-
     waiting = {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image trainer:x"}}
     stuck = pod(1, ready=False, state=waiting)
     decision = run(job_with(), [pod(0), stuck])

@@ -130,7 +130,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     from ..handlers.registry import HandlerSettings, build_registry, post_event
     from ..plan.scheduling_policy import SchedulingPolicy
     from ..reconcile import metrics
-    from ..reconcile.cluster_io import ClusterIO
+    from ..reconcile.cluster_io import KubernetesClusterIO
     from ..reconcile.runner import Reconciler
     from ..render.options import RenderOptions
 
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         toleration_keys=tuple(args.allowed_toleration_key),
         tolerate_everything=args.allow_tolerate_all,
     )
-    reconciler = Reconciler(ClusterIO(), options, post_event, policy)
+    reconciler = Reconciler(KubernetesClusterIO(), options, post_event, policy)
     settings = HandlerSettings(interval_seconds=args.interval, max_workers=args.workers, kueue=args.kueue)
     registry = build_registry(reconciler, settings)
     liveness = f"http://{args.metrics_address}:{args.health_port}/healthz"

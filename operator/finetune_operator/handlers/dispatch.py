@@ -15,7 +15,7 @@ from typing import Any, Protocol, cast
 from ..api.status import State
 from ..reconcile.observed import Observed, owned
 from ..reconcile.runner import Outcome
-from ..reconcile.workqueue import WorkQueue
+from ..reconcile.workqueue import Clock, WorkQueue
 from ..render.identity import JOB_NAME_LABEL
 
 POKE_DELAY_SECONDS = 0.05
@@ -71,10 +71,11 @@ def next_pass(outcome: Outcome, settings: HandlerSettings) -> float:
 class JobHandlers:
     """The newest body of every job, the live child indexes, and the queue that reconciles them."""
 
-    def __init__(self, reconciler: ReconcilerLike, settings: HandlerSettings) -> None:
+    def __init__(self, reconciler: ReconcilerLike, settings: HandlerSettings, clock: Clock | None = None) -> None:
+        """`clock`: the work queue's (real monotonic time by default)."""
         self.reconciler = reconciler
         self.settings = settings
-        self.queue = WorkQueue(self._pass, workers=settings.max_workers)
+        self.queue = WorkQueue(self._pass, workers=settings.max_workers, clock=clock)
         self._lock = threading.Lock()
         self._bodies: dict[Key, dict[str, Any]] = {}
         self._unapplied: set[Key] = set()

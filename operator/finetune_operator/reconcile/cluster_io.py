@@ -1,4 +1,8 @@
-"""The few writes the operator makes, through the official Kubernetes client.
+"""The few reads and writes the operator makes, and the official Kubernetes client making them.
+
+`ClusterIO` is what the reconciler asks of the cluster, as a Protocol: `KubernetesClusterIO`
+is the one that talks to the apiserver; the unit tests' in-memory cluster is another, which
+mypy checks against the same Protocol.
 
 Children are server-side applied under one field manager (idempotent: an operator
 restart re-applies the same objects and creates no duplicates), and only over objects the
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -52,7 +56,48 @@ class ChildWriteError(Exception):
         self.kind, self.name, self.status, self.message, self.conflict = kind, name, status, message, conflict
 
 
-class ClusterIO:
+class ClusterIO(Protocol):
+    """The cluster as the reconciler sees it: the job, its children, its Kueue Workload."""
+
+    def apply(self, objects: Iterable[dict[str, Any]], owner_uid: str) -> None:
+        """Server-side apply the job's children (owned by the job of uid `owner_uid`); a child
+        that cannot be written raises `ChildWriteError`."""
+
+    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
+        """Delete the given (name, uid) pods; one gone or replaced meanwhile is skipped."""
+
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job as stored now; None once it is deleted."""
+
+    def patch_status(self, namespace: str, name: str, resource_version: str | None, status: dict[str, Any]) -> str:
+        """Write the status decided on `resource_version` and return the new one; `Conflict` if
+        the job changed since, `JobGone` if it was deleted."""
+
+    def claim_access_modes(self, namespace: str, claim: str) -> tuple[str, ...] | None:
+        """A PersistentVolumeClaim's access modes; None if there is no such claim."""
+
+    def pod_warning(self, namespace: str, pod_uid: str) -> str | None:
+        """The newest Warning Event about a pod (`Reason: message`), if any."""
+
+    def workload_status(self, namespace: str, name: str, resource_version: str, status: dict[str, Any]) -> None:
+        """Write a Kueue Workload's status decided on `resource_version` (a stale one is left to the next pass)."""
+
+    def delete_workload(self, namespace: str, name: str, uid: str) -> None:
+        """Delete a Kueue Workload if it is still the one of that uid."""
+
+    def flavor_node_labels(self, flavor: str) -> dict[str, str]:
+        """A Kueue ResourceFlavor's nodeLabels ({} if none or gone)."""
+
+    def workload_priority(self, priority_class: str) -> int | None:
+        """A Kueue WorkloadPriorityClass's value; None if there is no such class."""
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        """Delete the job (its children go with it); one already gone is not an error."""
+
+
+class KubernetesClusterIO:
+    """`ClusterIO` through the official Kubernetes client (one connection pool per instance)."""
+
     def __init__(self, api_client: client.ApiClient | None = None) -> None:
         self.api_client = api_client or client.ApiClient()
         self.core = client.CoreV1Api(self.api_client)

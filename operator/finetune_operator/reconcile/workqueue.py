@@ -11,6 +11,9 @@ A poke can be *urgent* (a job seen for the first time: its children do not exist
 Due urgent keys are handed out before any other due key, so a burst of new jobs is not
 queued behind the status passes their predecessors' pods cause. Each key is urgent at
 most once per poke, so the other keys wait only while new work keeps arriving.
+
+The queue reads and waits on time through a `Clock` (real monotonic time unless given
+another), so a test can move time by hand and see every due pass run, and none early.
 """
 
 from __future__ import annotations
@@ -24,11 +27,33 @@ import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 log = logging.getLogger("finetune_operator.workqueue")
 
 Work = Callable[[Hashable], float | None]
 """One pass for a key; returns the seconds until the next wanted pass (None: only on a poke)."""
+
+
+class Clock(Protocol):
+    """Time as the queue reads it and waits on it."""
+
+    def now(self) -> float:
+        """Seconds on a clock that never goes back."""
+
+    def wait(self, condition: threading.Condition, timeout: float | None) -> None:
+        """Wait on `condition` (held by the caller) until it is notified or `timeout` seconds of
+        this clock have passed since the caller last read `now` (None: no limit)."""
+
+
+class MonotonicClock:
+    """Real time: `time.monotonic`, and the condition's own timed wait."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wait(self, condition: threading.Condition, timeout: float | None) -> None:
+        condition.wait(timeout)
 
 
 @dataclass
@@ -47,12 +72,12 @@ class WorkQueue:
         workers: int = 8,
         backoff_base: float = 1.0,
         backoff_max: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
     ) -> None:
         self._work = work
         self._workers = workers
         self._backoff = (backoff_base, backoff_max)
-        self._clock = clock
+        self._clock = clock or MonotonicClock()
         self._entries: dict[Hashable, _Entry] = {}
         self._heap: list[tuple[float, int, Hashable]] = []
         self._urgent: list[tuple[float, int, Hashable]] = []
@@ -75,7 +100,7 @@ class WorkQueue:
         goes before every other due key."""
         with self._cond:
             entry = self._entries.setdefault(key, _Entry())
-            due = self._clock() + delay
+            due = self._clock.now() + delay
             if entry.running:  # remembered; scheduled when the pass in flight ends
                 entry.due = due if entry.due is None else min(entry.due, due)
                 entry.urgent = entry.urgent or urgent
@@ -90,9 +115,14 @@ class WorkQueue:
             self._entries.pop(key, None)
 
     def depth(self) -> int:
+        """How many keys are due and waiting for a worker."""
         with self._cond:
-            now = self._clock()
-            return sum(1 for e in self._entries.values() if e.due is not None and e.due <= now and not e.running)
+            return self._due(self._clock.now())
+
+    def idle(self) -> bool:
+        """No pass runs and none is due: nothing happens before a poke or the next due time."""
+        with self._cond:
+            return self.running == 0 and self._due(self._clock.now()) == 0
 
     def __len__(self) -> int:
         with self._cond:
@@ -114,6 +144,9 @@ class WorkQueue:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
     # ---- internals ------------------------------------------------------------------------------
+    def _due(self, now: float) -> int:
+        return sum(1 for e in self._entries.values() if e.due is not None and e.due <= now and not e.running)
+
     def _schedule(self, entry: _Entry, key: Hashable, due: float) -> None:
         if entry.due is not None and entry.due <= due:
             return
@@ -136,7 +169,7 @@ class WorkQueue:
     def _schedule_loop(self) -> None:
         with self._cond:
             while not self._stopping:
-                now = self._clock()
+                now = self._clock.now()
                 while self.running < self._workers:
                     key = self._next_due(now)
                     if key is None:
@@ -146,9 +179,9 @@ class WorkQueue:
                     self._pool.submit(self._run, key)
                 tops = [heap[0][0] for heap in (self._urgent, self._heap) if heap]
                 if tops and self.running < self._workers:
-                    self._cond.wait(max(0.0, min(tops) - now))
+                    self._clock.wait(self._cond, max(0.0, min(tops) - now))
                 else:
-                    self._cond.wait()
+                    self._clock.wait(self._cond, None)
 
     def _run(self, key: Hashable) -> None:
         try:
@@ -165,7 +198,7 @@ class WorkQueue:
             if entry is None:
                 return
             entry.running = False
-            now = self._clock()
+            now = self._clock.now()
             if failed:
                 entry.failures += 1
                 base, most = self._backoff
