@@ -1,7 +1,10 @@
 """The pod entrypoint: idle if the job already completed, else launch this node's ranks.
 
-Every pod runs `deepspeed --no_ssh --node_rank=$NODE_RANK --master_addr=$MASTER_ADDR
---hostfile DIR/hostfile` itself (no SSH anywhere; the hostfile only describes the world).
+Every pod launches its own ranks (no SSH anywhere; the hostfile only describes the world)
+with DeepSpeed's per-node launcher, `python -m deepspeed.launcher.launch --world_info=...
+--node_rank=$NODE_RANK --master_addr=$MASTER_ADDR`: the command `deepspeed --no_ssh
+--hostfile DIR/hostfile` runs after reading the hostfile, built here from the same hostfile
+without that extra Python process (which would import torch and hold ~0.7 GB per pod).
 The entrypoint stays the container's main process so that it can turn what the ranks
 left behind into the termination message and the exit code the operator reads:
 0 with a JSON summary, 137 when a rank was SIGKILLed (the OOM killer), 1 otherwise with
@@ -10,6 +13,7 @@ left behind into the termination message and the exit code the operator reads:
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -58,21 +62,24 @@ def idle_forever(marker: Path) -> int:
     return 0
 
 
+def world_info(hosts: tuple[tuple[str, int], ...]) -> str:
+    """The hostfile's world as DeepSpeed's launcher takes it: base64 of {host: [local slot, ...]}."""
+    world = {host: list(range(slots)) for host, slots in hosts}
+    return base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
+
+
 def launcher_command(cfg: JobConfig, node_rank: int, master_addr: str, master_port: int) -> list[str]:
     return [
         sys.executable,
         "-u",
         "-m",
-        "deepspeed.launcher.runner",
-        "--no_ssh",
-        f"--node_rank={node_rank}",
+        "deepspeed.launcher.launch",
+        f"--world_info={world_info(cfg.hosts)}",
         f"--master_addr={master_addr}",
         f"--master_port={master_port}",
-        "--hostfile",
-        str(cfg.directory / "hostfile"),
-        "--log_level",
-        os.environ.get("FTJOB_LAUNCHER_LOG", "warning"),
+        f"--node_rank={node_rank}",
         "--module",
+        f"--log_level={os.environ.get('FTJOB_LAUNCHER_LOG', 'warning')}",
         WORKER_MODULE,
         "--config",
         str(cfg.directory),
@@ -85,13 +92,14 @@ def _rank_env(state_dir: Path, progress: bool) -> dict[str, str]:
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     if progress:
         env["FTJOB_PROGRESS"] = "1"
-    try:
-        import torch
+    if "DS_ACCELERATOR" not in env:  # pods have it from the operator; `ftjob run` may not
+        try:
+            import torch
 
-        if not torch.cuda.is_available():
-            env.setdefault("DS_ACCELERATOR", "cpu")
-    except ImportError:
-        pass
+            if not torch.cuda.is_available():
+                env["DS_ACCELERATOR"] = "cpu"
+        except ImportError:
+            pass
     return env
 
 
@@ -144,7 +152,7 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
         signalled: list[Any] = []
 
         def _forward(signum: int, frame: FrameType | None) -> None:
-            # the runner dies on SIGTERM without passing it on: signal its whole tree, while it is whole
+            # signal the launcher's whole tree while it is whole (ranks may outlive a dead launcher)
             terminated["signal"] = signum
             signalled.extend(process_tree.terminate(proc.pid))
 
