@@ -123,6 +123,14 @@ def test_terminal_job_is_never_restarted() -> None:
         (exited(1, "OutOfMemory: CUDA out of memory (rank 3)"), True),
         (exited(137, "RankKilled: rank 1 on node 1 died without an error message (SIGKILL, exit 137)"), False),
         (exited(137, "", "Error"), False),
+        (  # NCCL pinning memory for InfiniBand: ENOMEM from the verbs library, no memory shortage
+            exited(
+                1,
+                "NetworkError: NCCL could not register memory with the RDMA device: ... (DistBackendError: "
+                "NCCL WARN Call to ibv_reg_mr failed with error Cannot allocate memory)",
+            ),
+            False,
+        ),
     ],
 )
 def test_out_of_memory_replans_to_a_more_frugal_strategy(term: dict[str, Any], oom: bool) -> None:

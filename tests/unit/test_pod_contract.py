@@ -100,6 +100,26 @@ def test_both_sides_recognise_the_same_out_of_memory_errors(text: str) -> None:
     assert reasons.is_out_of_memory(term(text))
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "NCCL WARN Call to ibv_reg_mr failed with error Cannot allocate memory",
+        "misc/ibvwrap.cc:190 NCCL WARN Call to ibv_reg_dmabuf_mr failed with error Cannot allocate memory",
+        "NCCL WARN Call to ibv_create_cq failed with error Cannot allocate memory",
+    ],
+)
+def test_an_rdma_registration_failure_is_a_network_error_on_both_sides(text: str) -> None:
+    from finetune_trainer import outcome
+
+    error = RuntimeError(f"NCCL error in: ProcessGroupNCCL.cpp:3356, unhandled system error; {text}")
+    assert not is_out_of_memory_text(text) and not reasons.is_out_of_memory(term(str(error)))
+    assert outcome.classify(error) == TerminationReason.NETWORK_ERROR
+    line = outcome.failure_line(error, 3)
+    assert line.startswith("NetworkError: NCCL could not register memory") and "RLIMIT_MEMLOCK" in line
+    assert "ibv_" in line and line.endswith("(rank 3)")
+    assert not reasons.is_out_of_memory(term(line))
+
+
 def test_a_sigkill_line_is_not_out_of_memory() -> None:
     line = "RankKilled: rank 1 on node 0 died without an error message (SIGKILL, exit 137: the kernel's memory killer)"
     assert not is_out_of_memory_text(line)

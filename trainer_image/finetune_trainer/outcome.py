@@ -24,9 +24,11 @@ from typing import Any
 
 from finetune_operator.api.pod_contract import (
     MAX_MESSAGE_LINE,
+    NETWORK_HINT,
     TerminationReason,
     TrainingSummary,
     is_out_of_memory_text,
+    is_rdma_registration_text,
 )
 
 TERMINATION_LOG = "/dev/termination-log"
@@ -69,6 +71,8 @@ def classify(exc: BaseException) -> TerminationReason:
     from .modeling import ModelNotFound
     from .settings import ConfigError
 
+    if is_rdma_registration_text(str(exc)):
+        return TerminationReason.NETWORK_ERROR
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or is_oom_text(str(exc)):
         return OUT_OF_MEMORY
     if isinstance(exc, DataUnavailable):
@@ -91,6 +95,8 @@ def failure_line(exc: BaseException, rank: int) -> str:
     detail = str(exc) or type(exc).__name__
     if reason == TRAINING_ERROR:
         detail = f"{type(exc).__name__}: {detail}"
+    if reason == TerminationReason.NETWORK_ERROR:
+        detail = f"{NETWORK_HINT} ({type(exc).__name__}: {detail})"
     return one_line(f"{reason}: {detail} (rank {rank})")
 
 

@@ -44,6 +44,9 @@ class TerminationReason(StrEnum):
     OUTPUT_FULL = "OutputFull"
     """The output volume ran out of space (or quota) while saving; retried, since space can be
     freed while the job waits, and the previous checkpoint is intact."""
+    NETWORK_ERROR = "NetworkError"
+    """The collectives' transport failed (e.g. NCCL could not register memory with the RDMA
+    device): retried like any rank failure, never re-planned, whatever errno text it carries."""
 
 
 NOT_RETRIED = frozenset({TerminationReason.CONFIG_ERROR, TerminationReason.DATA_ERROR})
@@ -56,12 +59,28 @@ OUT_OF_MEMORY_PATTERN = re.compile(
 )
 """Allocator failures of CUDA, cuBLAS, the host (C++ and libc) and the kubelet's OOMKilled."""
 
+RDMA_REGISTRATION_PATTERN = re.compile(r"ibv_reg_(dmabuf_)?mr|ibv_create_(cq|qp)|RLIMIT_MEMLOCK", re.IGNORECASE)
+"""NCCL's InfiniBand/RoCE transport failing to pin or register memory. Its text carries
+`Cannot allocate memory` (ENOMEM from the verbs library, usually a locked-memory limit too low
+for the pod's user), which is no GPU or host memory shortage: a re-plan would not help."""
+
+NETWORK_HINT = (
+    "NCCL could not register memory with the RDMA device: raise the pod's locked-memory limit "
+    "(the container runtime's RLIMIT_MEMLOCK; IPC_LOCK does not lift it for a non-root user), "
+    "or set NCCL_IB_DISABLE=1 in spec.env to fall back to TCP"
+)
+
 MAX_MESSAGE_LINE = 1000
 """Longest root-cause line a trainer writes (the kubelet keeps 4096 bytes of the message)."""
 
 
+def is_rdma_registration_text(text: str) -> bool:
+    return bool(RDMA_REGISTRATION_PATTERN.search(text))
+
+
 def is_out_of_memory_text(text: str) -> bool:
-    return bool(OUT_OF_MEMORY_PATTERN.search(text))
+    """An allocator failure, not an RDMA registration failure that reads like one."""
+    return bool(OUT_OF_MEMORY_PATTERN.search(text)) and not is_rdma_registration_text(text)
 
 
 def reason_of_line(line: str) -> TerminationReason | None:
