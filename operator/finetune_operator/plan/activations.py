@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..api.loss_chunks import chunked_loss_bytes
-from .param_count import is_adapted
+from .param_count import ArchitectureShape, is_adapted
 from .workload import Workload, per_workload
 
 LOGIT_BYTES_PER_VOCAB = 12
@@ -82,6 +82,12 @@ FAMILY_TRAITS: dict[str, FamilyActivationTraits] = {
     ),
     "phi3": FamilyActivationTraits(fused_qkv=True, attention_output_copy=True),
 }
+
+
+def family_traits(shape: ArchitectureShape) -> FamilyActivationTraits:
+    """The activation inventory the shape's family follows (a Llama decoder's by default)."""
+    return FAMILY_TRAITS.get(shape.traits or shape.family, FamilyActivationTraits())
+
 
 ATTENTION_INPUTS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj"})
 MLP_INPUTS = frozenset({"gate_proj", "up_proj", "gate_up_proj"})
@@ -151,7 +157,10 @@ def _adapted_modules(workload: Workload) -> frozenset[str]:
     return frozenset(
         "router" if g.kind == "router" else g.name
         for g in workload.shape.groups
-        if g.kind != "experts" and workload.method != "full" and is_adapted(g, workload.target_modules)
+        if g.kind != "experts"
+        and g.part == "decoder"
+        and workload.method != "full"
+        and is_adapted(g, workload.target_modules)
     )
 
 
@@ -197,7 +206,7 @@ def _mlp_bytes(workload: Workload) -> int:
 @per_workload
 def layer_bytes_per_token(workload: Workload) -> float:
     """What one decoder layer keeps for backward, per token, without checkpointing."""
-    traits = FAMILY_TRAITS.get(workload.shape.family, FamilyActivationTraits())
+    traits = family_traits(workload.shape)
     per_token = _norm_bytes(workload, traits) + _attention_bytes(workload, traits)
     per_token += _linear_input_bytes(workload, traits) + _mlp_bytes(workload)
     if workload.method != "full":
@@ -259,7 +268,7 @@ def _shared_bytes_per_token(workload: Workload, checkpointing: bool) -> int:
 def _final_norm_bytes_per_token(workload: Workload) -> int:
     """The final norm's saved input (and normalised input, when its weight trains); the loss holds
     its output."""
-    traits = FAMILY_TRAITS.get(workload.shape.family, FamilyActivationTraits())
+    traits = family_traits(workload.shape)
     return _norm_bytes(workload, traits) // (2 + traits.post_norms)
 
 
@@ -271,7 +280,7 @@ def _frozen_first_layer_bytes_per_token(workload: Workload) -> int:
     if workload.method == "full":
         return 0
     shape = workload.shape
-    traits = FAMILY_TRAITS.get(shape.family, FamilyActivationTraits())
+    traits = family_traits(shape)
     attention_inputs = _adapted_modules(workload) & ATTENTION_INPUTS
     frozen = 4 * shape.hidden_size
     if not attention_inputs:
@@ -300,7 +309,8 @@ def _down_input_bytes_per_token(workload: Workload) -> int:
     shape, e = workload.shape, workload.param_bytes
     if workload.method == "full":
         return e * shape.intermediate_size
-    if not any(g.name == "down_proj" and is_adapted(g, workload.target_modules) for g in shape.groups):
+    if not any(g.name == "down_proj" and g.part == "decoder" and is_adapted(g, workload.target_modules)
+               for g in shape.groups):  # fmt: skip
         return 0
     mask = dropout_mask_bytes(workload) if workload.lora_dropout > 0 else 0
     return (e + mask) * shape.intermediate_size
@@ -331,7 +341,11 @@ def _backward_peak_bytes(workload: Workload, tokens: int) -> int:
         product_backward = (e * (3 * inter + h) - _down_input_bytes_per_token(workload)) * tokens
         if workload.method != "full":
             return product_backward
-        largest = max(g.in_features * g.out_features for g in shape.groups if g.kind in ("linear", "router"))
+        largest = max(
+            g.in_features * g.out_features
+            for g in shape.groups
+            if g.kind in ("linear", "router") and g.part == "decoder"
+        )
         return max(e * largest + e * tokens * (inter + h), product_backward)
     if materialised_expert_bytes_per_layer(workload) == 0:  # frozen experts: their product's backward
         return e * tokens * (3 * routed * inter + h - routed * h)

@@ -1,0 +1,78 @@
+"""Every decoder-only text model_type of the installed transformers: counted exactly, or refused by name.
+
+For each entry of the causal-LM mapping the planner's closed-form counts (total, LoRA
+trainable on `all-linear` and on `q_proj, v_proj`, largest module) must equal those of the
+real model class built on the meta device with peft applied, for a tiny config and for the
+same config with its optional parts switched the other way; or the planner must refuse the
+model_type with a message that names it. A wrong number is the one outcome not allowed.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from tests.model_type_coverage import EXCLUDED, Coverage, causal_lm_types, check, decoder_only_text_types
+
+NAMED_IN_THE_ISSUE = (
+    "llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3",  # the six counted before
+    "qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2", "granite", "gpt_oss", "deepseek_v3", "deepseek_v2",
+)  # fmt: skip
+EXACT_FLOOR = 40
+
+
+@cache
+def _checked(model_type: str) -> tuple[Coverage, Coverage]:
+    return check(model_type), check(model_type, switched=True)
+
+
+def _assert_exact_or_refused(model_type: str) -> str:
+    plain, switched = _checked(model_type)
+    for result in (plain, switched):
+        assert result.status != "wrong", f"{model_type}: {result.detail}"
+        if result.status == "refused":
+            assert model_type in result.detail
+    assert plain.status in ("exact", "refused", "excluded"), f"{model_type}: {plain.status} {plain.detail}"
+    return plain.status
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    [pytest.param(t, marks=() if t in ("qwen3_moe", "gemma3") else pytest.mark.slow) for t in NAMED_IN_THE_ISSUE],
+)
+def test_the_families_users_name_are_counted_exactly(model_type: str) -> None:
+    plain, switched = _checked(model_type)
+    assert plain.status == "exact", plain.detail
+    assert switched.status in ("exact", "unbuildable"), switched.detail
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("model_type", causal_lm_types())
+def test_every_causal_lm_type_is_counted_exactly_or_refused_by_name(model_type: str) -> None:
+    status = _assert_exact_or_refused(model_type)
+    if model_type in EXCLUDED:
+        assert status == "excluded"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_at_least_forty_decoder_only_text_types_are_exact() -> None:
+    types = decoder_only_text_types()
+    exact = [t for t in types if _assert_exact_or_refused(t) == "exact"]
+    print(f"\n{len(exact)} of {len(types)} decoder-only text model_types exact")  # the README's coverage line
+    assert len(exact) >= EXACT_FLOOR
+    assert set(NAMED_IN_THE_ISSUE) <= set(exact)
+
+
+def test_an_encoder_is_refused_by_name_not_counted() -> None:
+    """An encoder in the causal-LM mapping (BERT's LM head) is not a family the planner pretends to count."""
+    from finetune_operator.plan.errors import UnknownArchitectureError
+    from finetune_operator.plan.param_count import architecture_shape
+
+    with pytest.raises(UnknownArchitectureError, match="'bert'"):
+        architecture_shape({"model_type": "bert", "hidden_size": 64, "num_attention_heads": 4})
