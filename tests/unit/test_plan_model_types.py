@@ -76,3 +76,27 @@ def test_an_encoder_is_refused_by_name_not_counted() -> None:
 
     with pytest.raises(UnknownArchitectureError, match="'bert'"):
         architecture_shape({"model_type": "bert", "hidden_size": 64, "num_attention_heads": 4})
+
+
+def test_gemma3_sizes_a_config_leaves_out_are_transformers_defaults() -> None:
+    """The published Gemma 3 image-text configs omit some text sizes; the planner fills in the class's defaults."""
+    from transformers import Gemma3TextConfig, SiglipVisionConfig
+
+    from finetune_operator.plan.vision_towers import GEMMA3_TEXT_DEFAULTS, SIGLIP_DEFAULTS
+
+    text, vision = Gemma3TextConfig(), SiglipVisionConfig()
+    assert {key: getattr(text, key) for key in GEMMA3_TEXT_DEFAULTS} == GEMMA3_TEXT_DEFAULTS
+    assert {key: getattr(vision, key) for key in SIGLIP_DEFAULTS} == SIGLIP_DEFAULTS
+
+
+def test_gemma3_as_published_counts_like_the_model_transformers_builds() -> None:
+    """google/gemma-3-4b-pt's config.json as published: text_config names only what differs from the defaults."""
+    from finetune_operator.plan.meta_count import count_on_meta
+    from finetune_operator.plan.model_source import catalogue_entry
+    from finetune_operator.plan.param_count import architecture_shape
+
+    config = catalogue_entry("gemma-3-4b").config
+    omitted = ("num_attention_heads", "num_key_value_heads", "head_dim", "query_pre_attn_scalar", "vocab_size")
+    text = {k: v for k, v in config["text_config"].items() if k not in omitted} | {"num_hidden_layers": 2}
+    published = config | {"text_config": text, "vision_config": config["vision_config"] | {"num_hidden_layers": 1}}
+    assert architecture_shape(published).total_params == count_on_meta(published, None).base_total

@@ -22,10 +22,10 @@ def siglip_groups(vision: ConfigView) -> list[WeightGroup]:
     """SigLIP's vision encoder: a patch convolution, learned positions, pre-norm encoder layers with
     biased projections and LayerNorms, a final LayerNorm and, when `vision_use_head`, an attention
     pooling head."""
-    h, inter = vision.size("hidden_size", 768), vision.size("intermediate_size", 3072)
-    layers = vision.size("num_hidden_layers", 12)
-    channels, patch = vision.size("num_channels", 3), vision.size("patch_size", 16)
-    positions = (vision.size("image_size", 224) // patch) ** 2
+    h, inter = vision.size("hidden_size"), vision.size("intermediate_size")
+    layers = vision.size("num_hidden_layers")
+    channels, patch = vision.size("num_channels"), vision.size("patch_size")
+    positions = (vision.size("image_size") // patch) ** 2
     groups = [
         WeightGroup("patch_embedding", "other", channels * patch * patch, h, 1, bias=True),
         WeightGroup("position_embedding", "embedding", positions, h, 1),
@@ -46,15 +46,40 @@ def siglip_groups(vision: ConfigView) -> list[WeightGroup]:
     return [replace(group, part="vision") for group in groups]
 
 
+GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+}
+"""Gemma3TextConfig's defaults for the sizes: the published `google/gemma-3-*` config.json files leave
+some of them out of `text_config` (a unit test holds these to transformers' own)."""
+
+SIGLIP_DEFAULTS = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_channels": 3,
+    "patch_size": 16,
+    "image_size": 224,
+}
+"""SiglipVisionConfig's defaults for the sizes."""
+
+
 def gemma3_layout(config: ConfigView, text_spec: FamilySpec) -> DecoderLayout:
     """Gemma 3 with its vision tower: the text decoder from `text_config` (its output head tied
     as the top-level `tie_word_embeddings` says), SigLIP, and the projector from the tower's
     width to the decoder's."""
-    text = config.sub("text_config", "gemma3_text")
+    given = config.sub("text_config", "gemma3_text")
+    text = ConfigView(GEMMA3_TEXT_DEFAULTS | {k: v for k, v in given.raw.items() if v is not None}, given.model_type)
     tied = config.flag("tie_word_embeddings", True)
     layout = decoder_layout(replace(text_spec, tie=Switch(None, tied)), text)
-    vision = config.sub("vision_config", "siglip_vision_model")
-    vision_width = vision.size("hidden_size", 768)
+    given_vision = config.sub("vision_config", "siglip_vision_model")
+    vision = ConfigView(SIGLIP_DEFAULTS | {k: v for k, v in given_vision.raw.items() if v is not None}, "siglip")
+    vision_width = vision.size("hidden_size")
     projector = [
         WeightGroup("mm_input_projection", "other", vision_width, layout.dims.hidden, 1, part="vision"),
         WeightGroup("mm_soft_emb_norm", "norm", 1, vision_width, 1, part="vision"),
