@@ -136,4 +136,4 @@ class FamilySpec:
     head_bias: Switch = OFF
     extras: tuple[Extra, ...] = ()
     activation_family: str = "llama"
-    """Whose activation inventory (`activations.FAMILY_TRAITS`) the family follows."""
+    """Whose activation inventory (`activation_traits.FAMILY_TRAITS`) the family follows."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from ..api.loss_chunks import HEAD_POSTPROCESSING_ATTRIBUTES
 from .config_keys import ConfigView
 from .decoder_layout import decoder_layout
 from .decoder_spec import OFF, ON, AttentionSpec, Extra, FamilySpec, MlpSpec, MoeSpec, key
@@ -249,5 +250,8 @@ def describe(config: dict[str, Any]) -> ArchitectureShape:
         experts_per_token=layout.experts_per_token,
         tied_embeddings=layout.tied,
         logit_softcapping=bool(text.raw.get("final_logit_softcapping")),
+        full_logits=any(
+            view.raw.get(name, text.raw.get(name)) not in (None, 1, 1.0) for name in HEAD_POSTPROCESSING_ATTRIBUTES
+        ),
         traits=spec.activation_family,
     )

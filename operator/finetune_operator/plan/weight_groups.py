@@ -72,8 +72,11 @@ class ArchitectureShape:
     experts_per_token: int = 1
     tied_embeddings: bool = False
     logit_softcapping: bool = False
+    full_logits: bool = False
+    """The model post-processes its head's output (soft-capping, scaling): the trainer's loss keeps the
+    full logits instead of chunking them (`finetune_trainer.chunked_loss.output_head`)."""
     traits: str = ""
-    """Whose activation inventory the family follows (`activations.FAMILY_TRAITS`); the family's own
+    """Whose activation inventory the family follows (`activation_traits.FAMILY_TRAITS`); the family's own
     name when empty."""
 
     @cached_property  # frozen: computed once per shape (the planner asks for it per candidate)
