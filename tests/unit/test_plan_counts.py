@@ -109,3 +109,34 @@ def test_smollm2_entry_counts_exactly_the_packaged_checkpoint() -> None:
     reader = GGUFReader(packaged_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF))
     in_file = sum(int(tensor.n_elements) for tensor in reader.tensors)
     assert architecture_shape(catalogue_entry("smollm2-135m-instruct").config).total_params == in_file
+
+
+def test_a_config_value_the_counter_cannot_use_is_named() -> None:
+    config = catalogue_entry("qwen3-8b").config | {"hidden_size": "4096"}
+    with pytest.raises(UnknownArchitectureError, match=r"'hidden_size' of this qwen3 model is '4096'"):
+        architecture_shape(config)
+    layers = catalogue_entry("qwen3-30b-a3b").config | {"mlp_layer_types": ["sparse", "dense"]}
+    with pytest.raises(UnknownArchitectureError, match=r"'mlp_layer_types' .* each of the 48 layers"):
+        architecture_shape(layers)
+
+
+def test_half_of_a_fused_expert_weight_is_refused_as_peft_refuses_it() -> None:
+    """transformers 5 fuses the experts' gate and up projections; peft cannot adapt one half."""
+    shape = architecture_shape(catalogue_entry("qwen3-30b-a3b").config)
+    with pytest.raises(UnknownArchitectureError, match="lists gate_proj without up_proj"):
+        count_parameters(shape, 8, ["q_proj", "gate_proj"])
+    both = count_parameters(shape, 8, ["gate_proj", "up_proj"])
+    assert both.trainable == 48 * 128 * 16 * (2048 + 2 * 768)  # rank 2r on the fused [E, 2I, h] weight
+
+
+def test_moe_layers_follow_the_config_interleave() -> None:
+    """DeepSeek-style dense layers first (transformers ignores `moe_layer_freq`); Qwen's sparse step and dense
+    list."""
+    from finetune_operator.plan.config_keys import ConfigView
+    from finetune_operator.plan.decoder_layout import moe_layer_count
+    from finetune_operator.plan.decoder_spec import MoeSpec
+
+    deepseek = ConfigView({"first_k_dense_replace": 3, "moe_layer_freq": 2}, "deepseek_v3")
+    assert moe_layer_count(MoeSpec(layers="first_k_dense"), deepseek, 10) == 7  # layers 3 to 9
+    qwen = ConfigView({"decoder_sparse_step": 2, "mlp_only_layers": [3]}, "qwen2_moe")
+    assert moe_layer_count(MoeSpec(layers="sparse_step"), qwen, 8) == 3  # layers 1, 5, 7 (3 is dense)

@@ -2,9 +2,10 @@
 
 For each entry of the causal-LM mapping the planner's closed-form counts (total, LoRA
 trainable on `all-linear` and on `q_proj, v_proj`, largest module) must equal those of the
-real model class built on the meta device with peft applied, for a tiny config and for the
-same config with its optional parts switched the other way; or the planner must refuse the
-model_type with a message that names it. A wrong number is the one outcome not allowed.
+real model class built on the meta device with peft applied, for a tiny config, for the same
+config with its optional parts switched the other way, and for it without the keys equal to
+the class's defaults; or the planner must refuse the model_type with a message that names it.
+A wrong number is the one outcome not allowed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from tests.model_type_coverage import EXCLUDED, Coverage, causal_lm_types, check, decoder_only_text_types
+from tests.model_type_coverage import (
+    EXCLUDED,
+    VARIANTS,
+    Coverage,
+    causal_lm_types,
+    check,
+    decoder_only_text_types,
+)
 
 NAMED_IN_THE_ISSUE = (
     "llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3",  # the six counted before
@@ -26,17 +34,19 @@ EXACT_FLOOR = 40
 
 
 @cache
-def _checked(model_type: str) -> tuple[Coverage, Coverage]:
-    return check(model_type), check(model_type, switched=True)
+def _checked(model_type: str) -> tuple[Coverage, ...]:
+    return tuple(check(model_type, variant) for variant in VARIANTS)
 
 
 def _assert_exact_or_refused(model_type: str) -> str:
-    plain, switched = _checked(model_type)
-    for result in (plain, switched):
+    plain, *others = _checked(model_type)
+    for result in (plain, *others):
         assert result.status != "wrong", f"{model_type}: {result.detail}"
         if result.status == "refused":
             assert model_type in result.detail
     assert plain.status in ("exact", "refused", "excluded"), f"{model_type}: {plain.status} {plain.detail}"
+    if plain.status == "exact":  # every variant exact (or one transformers itself cannot build)
+        assert all(other.status in ("exact", "unbuildable") for other in others), others
     return plain.status
 
 
@@ -45,9 +55,7 @@ def _assert_exact_or_refused(model_type: str) -> str:
     [pytest.param(t, marks=() if t in ("qwen3_moe", "gemma3") else pytest.mark.slow) for t in NAMED_IN_THE_ISSUE],
 )
 def test_the_families_users_name_are_counted_exactly(model_type: str) -> None:
-    plain, switched = _checked(model_type)
-    assert plain.status == "exact", plain.detail
-    assert switched.status in ("exact", "unbuildable"), switched.detail
+    assert _assert_exact_or_refused(model_type) == "exact"
 
 
 @pytest.mark.slow
@@ -78,14 +86,19 @@ def test_an_encoder_is_refused_by_name_not_counted() -> None:
         architecture_shape({"model_type": "bert", "hidden_size": 64, "num_attention_heads": 4})
 
 
-def test_gemma3_sizes_a_config_leaves_out_are_transformers_defaults() -> None:
-    """The published Gemma 3 image-text configs omit some text sizes; the planner fills in the class's defaults."""
-    from transformers import Gemma3TextConfig, SiglipVisionConfig
+def test_what_a_config_leaves_out_is_the_configuration_class_default() -> None:
+    """The counter's table of defaults is transformers' own, for every family it counts."""
+    from transformers import SiglipVisionConfig
 
-    from finetune_operator.plan.vision_towers import GEMMA3_TEXT_DEFAULTS, SIGLIP_DEFAULTS
+    from finetune_operator.plan.families import FAMILIES
+    from finetune_operator.plan.family_defaults import FAMILY_DEFAULTS
+    from finetune_operator.plan.vision_towers import SIGLIP_DEFAULTS
+    from tests.model_type_coverage import config_class_defaults
 
-    text, vision = Gemma3TextConfig(), SiglipVisionConfig()
-    assert {key: getattr(text, key) for key in GEMMA3_TEXT_DEFAULTS} == GEMMA3_TEXT_DEFAULTS
+    assert set(FAMILY_DEFAULTS) == set(FAMILIES)
+    for model_type in FAMILIES:
+        assert FAMILY_DEFAULTS[model_type] == config_class_defaults(model_type), model_type
+    vision = SiglipVisionConfig()
     assert {key: getattr(vision, key) for key in SIGLIP_DEFAULTS} == SIGLIP_DEFAULTS
 
 

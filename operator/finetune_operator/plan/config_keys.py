@@ -10,11 +10,12 @@ key when a value is not what the planner can count with.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import UnknownArchitectureError
+from .family_defaults import FAMILY_DEFAULTS
 
 ALIASES: dict[str, tuple[str, ...]] = {
     "hidden_size": ("hidden_size", "n_embd", "d_model"),
@@ -29,15 +30,21 @@ ALIASES: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class ConfigView:
-    """A config.json mapping, read with transformers' aliases and the family's defaults."""
+    """A config.json mapping, read with transformers' aliases and the configuration class's defaults.
+
+    A key the config sets, even to null, is the config's; a key it leaves out is the class's default
+    (`defaults`), if the class declares one."""
 
     raw: dict[str, Any]
     model_type: str
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def _first(self, key: str) -> tuple[str, Any]:
-        for name in ALIASES.get(key, (key,)):
-            if self.raw.get(name) is not None:
-                return name, self.raw[name]
+        names = ALIASES.get(key, (key,))
+        for source in (self.raw, self.defaults):
+            for name in names:
+                if name in source:
+                    return name, source[name]
         return key, None
 
     def has(self, key: str) -> bool:
@@ -55,7 +62,8 @@ class ConfigView:
             return default
         if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**40:
             raise UnknownArchitectureError(
-                f"config.json {name!r} is {value!r}: the planner needs a positive whole number"
+                f"config.json {name!r} of this {self.model_type} model is {value!r}: the planner needs a positive "
+                "whole number"
             )
         return value
 
@@ -65,7 +73,9 @@ class ConfigView:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**40:
-            raise UnknownArchitectureError(f"config.json {name!r} is {value!r}: the planner needs a whole number")
+            raise UnknownArchitectureError(
+                f"config.json {name!r} of this {self.model_type} model is {value!r}: the planner needs a whole number"
+            )
         return value
 
     def optional_size(self, key: str) -> int | None:
@@ -81,7 +91,10 @@ class ConfigView:
         if value is None:
             return None
         if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise UnknownArchitectureError(f"config.json {name!r} is {value!r}: the planner needs a list of numbers")
+            raise UnknownArchitectureError(
+                f"config.json {name!r} of this {self.model_type} model is {value!r}: the planner needs a list of "
+                "numbers"
+            )
         return value
 
     def word_list(self, key: str, allowed: Sequence[str], layers: int) -> list[str] | None:
@@ -91,8 +104,8 @@ class ConfigView:
             return None
         if not isinstance(value, list) or len(value) != layers or not all(v in allowed for v in value):
             raise UnknownArchitectureError(
-                f"config.json {name!r} must list one of {sorted(allowed)} for each of the {layers} layers, "
-                f"not {value!r}"
+                f"config.json {name!r} of this {self.model_type} model must list one of {sorted(allowed)} for each "
+                f"of the {layers} layers, not {value!r}"
             )
         return [str(v) for v in value]
 
@@ -101,4 +114,5 @@ class ConfigView:
         value = self.raw.get(key)
         if not isinstance(value, dict):
             raise UnknownArchitectureError(f"config.json of this {self.model_type} model has no {key!r} object")
-        return ConfigView(value, str(value.get("model_type") or model_type))
+        kind = str(value.get("model_type") or model_type)
+        return ConfigView(value, kind, FAMILY_DEFAULTS.get(kind, {}))

@@ -147,19 +147,12 @@ def moe_layer_count(spec: MoeSpec, config: ConfigView, layers: int) -> int:
     if rule == "sparse_step":
         step, dense = config.size("decoder_sparse_step", 1), set(config.number_list("mlp_only_layers") or [])
         return sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
-    if rule == "first_k_dense":
-        first, freq = config.count("first_k_dense_replace"), config.size("moe_layer_freq", 1)
-        return sum(1 for i in range(layers) if i >= first and i % freq == 0)
+    if rule == "first_k_dense":  # transformers reads no `moe_layer_freq` (DeepSeek's own code did)
+        return max(0, layers - config.count("first_k_dense_replace"))
     if rule == "ernie":
         start, interval = config.count("moe_layer_start_index"), config.size("moe_layer_interval", 1)
         end = config.count("moe_layer_end_index", layers - 1)
         return sum(1 for i in range(layers) if (i + 1) % interval == 0 and start <= i <= end)
-    if rule == "interleave":
-        listed = config.number_list("moe_layers")
-        if listed is not None:
-            return sum(1 for i in range(layers) if i in set(listed))
-        step = config.size("interleave_moe_layer_step", 1)
-        return sum(1 for i in range(layers) if (i + 1) % step == 0)
     raise ValueError(f"MoE layer rule {rule!r}")
 
 

@@ -87,10 +87,9 @@ class MoeSpec:
     """A mixture-of-experts block and which layers have it.
 
     `layers`: `all`; `sparse_step` (Qwen: every `decoder_sparse_step`-th layer that is not in
-    `mlp_only_layers`); `first_k_dense` (DeepSeek, GLM: dense before `first_k_dense_replace`, then
-    every `moe_layer_freq`-th); `ernie` (`moe_layer_start_index` to `moe_layer_end_index`, every
-    `moe_layer_interval`-th); `interleave` (Llama 4: `moe_layers` or every
-    `interleave_moe_layer_step`-th). A config's `mlp_layer_types` list wins over any of them.
+    `mlp_only_layers`); `first_k_dense` (DeepSeek, GLM: dense before `first_k_dense_replace`);
+    `ernie` (`moe_layer_start_index` to `moe_layer_end_index`, every
+    `moe_layer_interval`-th). A config's `mlp_layer_types` list wins over any of them.
     `peft_fusion`: how peft (0.18+ with transformers 5) re-targets an MoE model whose experts
     transformers fused: `qwen2_moe` (gate_proj, up_proj, down_proj and the router `gate` become
     the fused expert parameters and the router's weight), `mixtral` (w1, w3, w2, gate), or

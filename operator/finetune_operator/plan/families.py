@@ -19,6 +19,7 @@ from .config_keys import ConfigView
 from .decoder_layout import decoder_layout
 from .decoder_spec import OFF, ON, AttentionSpec, Extra, FamilySpec, MlpSpec, MoeSpec, key
 from .errors import UnknownArchitectureError
+from .family_defaults import FAMILY_DEFAULTS
 from .vision_towers import gemma3_layout
 from .weight_groups import ArchitectureShape, largest_module
 
@@ -231,7 +232,7 @@ def describe(config: dict[str, Any]) -> ArchitectureShape:
             f"({len(FAMILIES) + len(WITH_VISION_TOWER)} are, e.g. llama, qwen3, gemma3, deepseek_v3); pick a "
             "catalogue model with the same architecture in model.architecture"
         )
-    view = ConfigView(config, model_type)
+    view = ConfigView(config, model_type, FAMILY_DEFAULTS.get(model_type, {}))
     layout = gemma3_layout(view, spec) if model_type in WITH_VISION_TOWER else decoder_layout(spec, view)
     text = view.sub("text_config", text_family) if model_type in WITH_VISION_TOWER else view
     dims = layout.dims

@@ -46,18 +46,6 @@ def siglip_groups(vision: ConfigView) -> list[WeightGroup]:
     return [replace(group, part="vision") for group in groups]
 
 
-GEMMA3_TEXT_DEFAULTS = {
-    "vocab_size": 262208,
-    "hidden_size": 2304,
-    "intermediate_size": 9216,
-    "num_hidden_layers": 26,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "head_dim": 256,
-}
-"""Gemma3TextConfig's defaults for the sizes: the published `google/gemma-3-*` config.json files leave
-some of them out of `text_config` (a unit test holds these to transformers' own)."""
-
 SIGLIP_DEFAULTS = {
     "hidden_size": 768,
     "intermediate_size": 3072,
@@ -73,8 +61,7 @@ def gemma3_layout(config: ConfigView, text_spec: FamilySpec) -> DecoderLayout:
     """Gemma 3 with its vision tower: the text decoder from `text_config` (its output head tied
     as the top-level `tie_word_embeddings` says), SigLIP, and the projector from the tower's
     width to the decoder's."""
-    given = config.sub("text_config", "gemma3_text")
-    text = ConfigView(GEMMA3_TEXT_DEFAULTS | {k: v for k, v in given.raw.items() if v is not None}, given.model_type)
+    text = config.sub("text_config", "gemma3_text")
     tied = config.flag("tie_word_embeddings", True)
     layout = decoder_layout(replace(text_spec, tie=Switch(None, tied)), text)
     given_vision = config.sub("vision_config", "siglip_vision_model")
