@@ -90,7 +90,7 @@ class MoeSpec:
     `mlp_only_layers`); `first_k_dense` (DeepSeek, GLM: dense before `first_k_dense_replace`);
     `ernie` (`moe_layer_start_index` to `moe_layer_end_index`, every
     `moe_layer_interval`-th). A config's `mlp_layer_types` list wins over any of them.
-    `peft_fusion`: how peft (0.18+ with transformers 5) re-targets an MoE model whose experts
+    `peft_fusion`: how peft (0.21, with transformers 5) re-targets an MoE model whose experts
     transformers fused: `qwen2_moe` (gate_proj, up_proj, down_proj and the router `gate` become
     the fused expert parameters and the router's weight), `mixtral` (w1, w3, w2, gate), or
     `None` (the experts are not adapted).
@@ -104,7 +104,6 @@ class MoeSpec:
     router_extra: int = 0
     """Parameters per expert the router owns beside its weight (a score correction bias)."""
     expert_bias: bool = False
-    shared_name: str = "shared_experts"
     shared_size: SizeRule | None = None
     """Shared experts' width (0: none); they are gated MLPs with the family's MLP bias."""
     shared_gate: bool = False

@@ -17,14 +17,14 @@ from typing import Any
 from ..api.loss_chunks import HEAD_POSTPROCESSING_ATTRIBUTES
 from .config_keys import ConfigView
 from .decoder_layout import decoder_layout
-from .decoder_spec import OFF, ON, AttentionSpec, Extra, FamilySpec, MlpSpec, MoeSpec, key
+from .decoder_spec import OFF, ON, AttentionSpec, Extra, FamilySpec, MlpSpec, MoeSpec, SizeRule, key
 from .errors import UnknownArchitectureError
 from .family_defaults import FAMILY_DEFAULTS
 from .vision_towers import gemma3_layout
 from .weight_groups import ArchitectureShape, largest_module
 
 
-def _shared(size_key: str, count_key: str | None = None, count_default: int = 1) -> Any:
+def _shared(size_key: str, count_key: str | None = None, count_default: int = 1) -> SizeRule:
     """Shared experts of `size_key` features, times `count_key` experts when the family has several."""
 
     def size(config: ConfigView) -> int:
@@ -74,7 +74,6 @@ FAMILIES: dict[str, FamilySpec] = {
         attention=AttentionSpec(qkv_bias=key("qkv_bias", True), o_bias=OFF),
         moe=MoeSpec(
             layers="sparse_step",
-            shared_name="shared_expert",
             shared_size=_shared("shared_expert_intermediate_size"),
             shared_gate=True,
             peft_fusion=None,
@@ -172,7 +171,6 @@ FAMILIES: dict[str, FamilySpec] = {
             expert_intermediate="intermediate_size",
             router_name="wg",
             router_is_linear=True,
-            shared_name="shared_mlp",
             shared_size=_shared("intermediate_size", "num_shared_expert"),
         ),
     ),
