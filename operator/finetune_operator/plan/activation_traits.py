@@ -19,7 +19,7 @@ class FamilyActivationTraits:
     post_norms: int = 0
     """Norms after attention and MLP as well (Gemma 2): each keeps its fp32 input too."""
     fp32_norm_output: bool = False
-    """The norm scales in fp32 (Gemma): a trained weight's gradient needs the fp32 normalised input."""
+    """The norm scales in fp32 (Gemma, OLMo 2): a trained weight's gradient needs the fp32 normalised input."""
     eager_attention: str = ""
     """The attention keeps its scores (no flash kernel): `softcapped` (Gemma 2: fp32 softmax, capped
     scores and probabilities) or `sinks` (gpt-oss: the probabilities beside a learned sink column)."""
@@ -46,7 +46,7 @@ FAMILY_TRAITS: dict[str, FamilyActivationTraits] = {
     "gemma": FamilyActivationTraits(fp32_norm_output=True),
     "gemma3": FamilyActivationTraits(post_norms=2, fp32_norm_output=True),
     "phi3": FamilyActivationTraits(fused_qkv=True, attention_output_copy=True),
-    "olmo2": FamilyActivationTraits(pre_norm=False),
+    "olmo2": FamilyActivationTraits(pre_norm=False, fp32_norm_output=True),
     "gpt_oss": FamilyActivationTraits(eager_attention="sinks", attention_output_copy=True, clamped_experts=True),
 }
 
