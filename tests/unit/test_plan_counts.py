@@ -140,3 +140,16 @@ def test_moe_layers_follow_the_config_interleave() -> None:
     assert moe_layer_count(MoeSpec(layers="first_k_dense"), deepseek, 10) == 7  # layers 3 to 9
     qwen = ConfigView({"decoder_sparse_step": 2, "mlp_only_layers": [3]}, "qwen2_moe")
     assert moe_layer_count(MoeSpec(layers="sparse_step"), qwen, 8) == 3  # layers 1, 5, 7 (3 is dense)
+
+
+def test_a_head_scaled_by_the_class_default_keeps_the_full_logits() -> None:
+    """Cohere's class scales the logits (logit_scale 0.0625) when its config.json leaves the key out: the
+    trainer's loss then keeps the full logits (`output_head`), and so does the plan; Gemma 2's soft-cap
+    likewise."""
+    cohere = {"model_type": "cohere", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
+              "num_hidden_layers": 2, "num_attention_heads": 4}  # fmt: skip
+    assert architecture_shape(cohere).full_logits
+    assert not architecture_shape(cohere | {"logit_scale": 1.0}).full_logits
+    gemma2 = {k: v for k, v in catalogue_entry("gemma-2-9b").config.items() if k != "final_logit_softcapping"}
+    shape = architecture_shape(gemma2)
+    assert shape.full_logits and shape.logit_softcapping

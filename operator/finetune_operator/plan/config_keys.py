@@ -47,6 +47,10 @@ class ConfigView:
                     return name, source[name]
         return key, None
 
+    def value(self, key: str) -> Any:
+        """The raw value the config (or, when it leaves the key out, the class's default) gives `key`."""
+        return self._first(key)[1]
+
     def has(self, key: str) -> bool:
         return self._first(key)[1] is not None
 

@@ -248,9 +248,10 @@ def describe(config: dict[str, Any]) -> ArchitectureShape:
         num_experts=layout.num_experts,
         experts_per_token=layout.experts_per_token,
         tied_embeddings=layout.tied,
-        logit_softcapping=bool(text.raw.get("final_logit_softcapping")),
+        logit_softcapping=bool(text.value("final_logit_softcapping")),
         full_logits=any(
-            view.raw.get(name, text.raw.get(name)) not in (None, 1, 1.0) for name in HEAD_POSTPROCESSING_ATTRIBUTES
+            (view.value(name) if name in view.raw else text.value(name)) not in (None, 1, 1.0)
+            for name in HEAD_POSTPROCESSING_ATTRIBUTES
         ),
         traits=spec.activation_family,
     )
