@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
@@ -25,7 +26,28 @@ MODELS = [
     "gemma-2-9b",
     "phi-3-mini",
     "mixtral-8x7b",
+    "qwen3-8b",
+    "qwen3-30b-a3b",
+    "llama-3.2-1b",
+    "gemma-3-1b",
+    "gemma-3-4b",
+    "phi-4",
+    "olmo-2-7b",
+    "granite-3.3-8b",
+    "gpt-oss-20b",
 ]
+
+
+def cut_to_layers(config: dict[str, Any], layers: int) -> tuple[dict[str, Any], int]:
+    """The config with at most `layers` decoder layers (an image-text model's in `text_config`), and how many."""
+    if "text_config" in config:
+        text, kept = cut_to_layers(config["text_config"], layers)
+        return config | {"text_config": text}, kept
+    kept = min(layers, int(config["num_hidden_layers"]))
+    cut = config | {"num_hidden_layers": kept}
+    if isinstance(config.get("layer_types"), list):
+        cut["layer_types"] = config["layer_types"][:kept]
+    return cut, kept
 
 
 def main() -> int:
@@ -46,8 +68,7 @@ def main() -> int:
     print(f"{'model':14} {'method':6} {'ckpt':5} {'traced MiB':>10} {'analytical':>10} {'diff':>7} {'trace s':>8}")
     worst = 0.0
     for model in args.models:
-        config = catalogue_entry(model).config
-        layers = min(args.layers, int(config["num_hidden_layers"]))
+        config, layers = cut_to_layers(catalogue_entry(model).config, args.layers)
         for method in ("lora", "full"):
             spec = FineTuneJobSpec.from_wire(
                 {
@@ -61,7 +82,7 @@ def main() -> int:
             w = dataclasses.replace(w, shape=dataclasses.replace(w.shape, num_layers=layers))
             for ckpt in (False, True):
                 traced = trace_training_step(
-                    config | {"num_hidden_layers": layers},
+                    config,
                     1,
                     args.seq,
                     lora_r=None if method == "full" else 16,

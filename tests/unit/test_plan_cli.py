@@ -92,3 +92,36 @@ def test_a_cpu_job_is_described_in_cpu_words(tmp_path: Path, capsys: pytest.Capt
     validate_out = capsys.readouterr().out
     assert "valid (lora, builtin://tiny-llama, 2 pods × 1 CPU rank)" in validate_out
     assert "GPU" not in validate_out + plan_out.replace("resources.gpuMemory", "")
+
+
+NEW_BASES = (
+    "Qwen/Qwen3-0.6B", "Qwen/Qwen3-4B", "Qwen/Qwen3-8B", "Qwen/Qwen3-14B", "Qwen/Qwen3-32B", "Qwen/Qwen3-30B-A3B",
+    "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-3B", "meta-llama/Llama-3.3-70B-Instruct",
+    "google/gemma-3-1b-pt", "google/gemma-3-4b-pt", "google/gemma-3-12b-pt", "google/gemma-3-27b-pt",
+    "microsoft/phi-4", "allenai/OLMo-2-1124-7B", "ibm-granite/granite-3.3-8b-instruct", "openai/gpt-oss-20b",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("hub_id", NEW_BASES)
+def test_todays_bases_plan_offline(hub_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26's list: each hub id plans from the catalogue, with no note (its activations are traced-checked)."""
+    path = write_job(tmp_path, model={"uri": hub_id}, resources={"numNodes": 1, "gpusPerNode": 8, "gpuMemory": "80Gi"})
+    assert main(["plan", path]) == 0
+    out = capsys.readouterr().out
+    assert "params" in out.splitlines()[0] and " fits: " in out
+    assert "note:" not in out
+
+
+def test_a_family_whose_activations_are_unchecked_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A counted family outside the traced-checked ones plans, and its plan says what the estimate rests on."""
+    config = {
+        "model_type": "starcoder2", "vocab_size": 49152, "hidden_size": 3072, "intermediate_size": 12288,
+        "num_hidden_layers": 30, "num_attention_heads": 24, "num_key_value_heads": 2,
+    }  # fmt: skip
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(config))
+    path = write_job(tmp_path, model={"uri": str(tmp_path / "model")})
+    assert main(["plan", path]) == 0
+    assert "note: activations of starcoder2 models are estimated" in capsys.readouterr().out
+    assert main(["plan", path, "--json"]) == 0
+    assert "--traced" in json.loads(capsys.readouterr().out)["notes"][0]

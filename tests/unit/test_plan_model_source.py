@@ -27,6 +27,35 @@ def test_catalogue_names_and_aliases_resolve(reference: str, entry: str) -> None
     assert resolve_reference(reference).name == entry
 
 
+def test_every_catalogue_name_and_hub_id_resolves_to_its_entry() -> None:
+    from finetune_operator.api.catalogue import read_entry
+    from finetune_operator.plan.model_source import catalogue_entries
+
+    for entry in catalogue_entries():
+        for reference in (entry, *read_entry(entry, private=True)["_names"]):
+            assert resolve_reference(reference).name == entry, reference
+            assert resolve_reference(f"hf://{reference}").name == entry, reference
+
+
+@pytest.mark.parametrize(
+    ("reference", "entry"),
+    [
+        ("Qwen/Qwen3-8B", "qwen3-8b"),
+        ("Qwen/Qwen3-30B-A3B", "qwen3-30b-a3b"),
+        ("meta-llama/Llama-3.2-3B", "llama-3.2-3b"),
+        ("google/gemma-3-12b-pt", "gemma-3-12b"),
+        ("microsoft/phi-4", "phi-4"),
+        ("allenai/OLMo-2-1124-7B", "olmo-2-7b"),
+        ("ibm-granite/granite-3.3-8b-instruct", "granite-3.3-8b"),
+        ("openai/gpt-oss-20b", "gpt-oss-20b"),
+    ],
+)
+def test_the_models_users_name_today_resolve_offline(reference: str, entry: str) -> None:
+    """The issue's list: each hub id plans from the catalogue without a network."""
+    source = resolve_reference(reference)
+    assert source.name == entry and source.origin == f"catalogue:{entry}"
+
+
 def test_tiny_llama_architecture_fields_are_untouched() -> None:
     config = resolve_reference("builtin://tiny-llama").config
     assert (config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]) == (256, 4, 512)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,16 @@ from tests.factories import make_job
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
+
+
+def cut_to_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
+    """The config with only its first `layers` decoder layers (an image-text model's in `text_config`)."""
+    if "text_config" in config:
+        return config | {"text_config": cut_to_layers(config["text_config"], layers)}
+    cut = config | {"num_hidden_layers": layers}
+    if isinstance(config.get("layer_types"), list):
+        cut["layer_types"] = config["layer_types"][:layers]
+    return cut
 
 
 @pytest.mark.slow
@@ -34,7 +45,7 @@ def test_analytical_activation_peak_is_within_5_percent_of_the_traced_one(
     ).spec
     workload = workload_from_spec(spec)
     workload = dataclasses.replace(workload, shape=dataclasses.replace(workload.shape, num_layers=layers))
-    config = catalogue_entry(arch).config | {"num_hidden_layers": layers}
+    config = cut_to_layers(catalogue_entry(arch).config, layers)
     traced = trace_training_step(
         config,
         1,
@@ -74,7 +85,7 @@ def test_lora_settings_the_analytical_peak_follows(
     workload = workload_from_spec(spec)
     workload = dataclasses.replace(workload, shape=dataclasses.replace(workload.shape, num_layers=layers))
     traced = trace_training_step(
-        catalogue_entry(arch).config | {"num_hidden_layers": layers},
+        cut_to_layers(catalogue_entry(arch).config, layers),
         1,
         seq,
         lora_r=8,
@@ -84,6 +95,13 @@ def test_lora_settings_the_analytical_peak_follows(
     )
     analytical = activation_bytes(workload, 1, checkpointing)
     assert analytical.activations + analytical.logits == pytest.approx(traced.activation_peak_bytes, rel=0.05)
+
+
+def test_the_traced_checked_families_are_the_catalogues() -> None:
+    """`TRACED_FAMILIES` (no note in the plan) is exactly what the 5 % test above covers."""
+    from finetune_operator.plan.activation_traits import TRACED_FAMILIES
+
+    assert {str(catalogue_entry(entry).config["model_type"]) for entry in catalogue_entries()} == TRACED_FAMILIES
 
 
 def test_cuda_dropout_keeps_a_boolean_mask() -> None:

@@ -13,6 +13,7 @@ import sys
 
 from ..api.base import quantity_bytes
 from ..plan import DoesNotFitError, PlanningError, plan_job
+from ..plan.activation_traits import activation_note
 from ..plan.memory import BREAKDOWN_KEYS
 from ..plan.planner import PlanResult
 from .manifests import load_one
@@ -83,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"ftjob plan: --traced needs torch, transformers and peft ({exc})", file=sys.stderr)
         return 2
+    note = None if result.traced else activation_note(result.workload.shape)
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        print(json.dumps(result.to_json() | ({"notes": [note]} if note else {}), indent=2))
     else:
         w = result.workload
         print(
@@ -95,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         )
         print(_table(result, args.all))
         print(result.verdict)
+        if note:
+            print(f"note: {note}")
     if result.chosen is None:
         print(str(DoesNotFitError(result.verdict, result.suggestions)), file=sys.stderr)
         return 1

@@ -6,16 +6,19 @@ tensor is kept when some op's backward needs it, so what LoRA keeps differs from
 fine-tuning: a frozen base linear keeps nothing, a trained weight keeps its input.
 
 - every RMSNorm keeps its fp32 input, `4·h`; a trained norm weight also its normalised input;
+  norms on the queries and keys (Qwen 3, Gemma 3, OLMo 2) do the same over `q + kv`;
 - attention keeps q and k after the rotary, v (k and v repeated for grouped-query attention),
   and the kernel's output and log-sum-exp, `4·e·q`; with an explicit mask (padded rows), its
-  additive copy, `e·s` per token; eager (Gemma 2): the scores and probabilities instead;
+  additive copy, `e·s` per token; eager (Gemma 2): the scores and probabilities instead,
+  gpt-oss (sinks): the probabilities only;
 - the gated MLP keeps the gate and up outputs and the activation, `3·e·I` (MoE: for each
   routed expert, with the gathered token copies, the product and the expert outputs);
 - linear inputs: full fine-tuning keeps each distinct one (the norms' outputs, the product);
   LoRA with dropout keeps, for every adapted module, the dropped copy and the mask (CUDA's
   is boolean: `(e + 1)` bytes per element); LoRA without dropout keeps the shared input;
 - in LoRA nothing upstream of the first layer's adapted modules needs a gradient: its first
-  norm and the masks of the dropouts on that norm's output are not kept;
+  norm and the masks of the dropouts on that norm's output are not kept (a post-norm family's
+  first norm reads the attention's output, which does need one);
 - packed rows on CPU carry an explicit block-diagonal mask (no varlen kernel there), and the
   attention then keeps its `b·heads·s²` scores and probabilities per layer;
 - peft adapts fused MoE expert weights by materialising `W + B·A`, kept per layer.
@@ -26,10 +29,12 @@ when the tokens are many) and the backward of one layer (with checkpointing, rec
 its transients, the MLP product's gradients, or a large weight gradient whole before DeepSpeed
 takes it. The loss runs in chunks (`api/loss_chunks.py`): one chunk of logits plus the trained
 tokens' hidden states, whatever the sequence length; full fine-tuning adds the head's
-gradient. Soft-capped heads keep the full logits, `b·s·V` in 16 bits plus the fp32 upcast,
-log-softmax and its gradient (about 14 bytes per vocabulary entry per token). Every term
-matches `traced.py` (transformers 5.x, torch 2.x) on the catalogue's models within 1 %
+gradient. Soft-capped or scaled heads (Gemma 2, Granite) keep the full logits, `b·s·V` in 16
+bits plus the fp32 upcast, log-softmax and its gradient (about 12 bytes per vocabulary entry
+per token, 14 with the soft-cap's tanh). Every term matches `traced.py` (transformers 5.x,
+torch 2.x) on the catalogue's models within 2 % (gpt-oss with checkpointing: 4 %)
 (`benchmarks/planner_traced_vs_analytical.py`; `tests/unit/test_plan_traced.py` holds 5 %).
+Where the families differ is `activation_traits.py`.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..api.loss_chunks import chunked_loss_bytes
+from .activation_traits import FamilyActivationTraits, family_traits
 from .param_count import is_adapted
 from .workload import Workload, per_workload
 
@@ -57,31 +63,6 @@ more than 3 % under). It is not saved scores: a trace of saved tensors shows CPU
 `s·s` tensor for backward, only each layer's fp32 copy of the mask. The rest is the allocator's
 high-water mark while each layer's masked attention runs forward and backward."""
 
-
-@dataclass(frozen=True)
-class FamilyActivationTraits:
-    post_norms: int = 0
-    """Norms after attention and MLP as well (Gemma 2): each keeps its fp32 input too."""
-    fp32_norm_output: bool = False
-    """The norm scales in fp32 (Gemma): a trained weight's gradient needs the fp32 normalised input."""
-    eager_attention: bool = False
-    fused_qkv: bool = False
-    """One q+k+v projection: without grouped-query repeats, v is a view that keeps the whole output."""
-    attention_output_copy: bool = False
-    """The attention's output is head-major (concatenated rotary, eager matmul): a linear that keeps
-    o_proj's input keeps a token-major copy of it."""
-
-
-FAMILY_TRAITS: dict[str, FamilyActivationTraits] = {
-    "llama": FamilyActivationTraits(),
-    "mistral": FamilyActivationTraits(),
-    "mixtral": FamilyActivationTraits(),
-    "qwen2": FamilyActivationTraits(),
-    "gemma2": FamilyActivationTraits(
-        post_norms=2, fp32_norm_output=True, eager_attention=True, attention_output_copy=True
-    ),
-    "phi3": FamilyActivationTraits(fused_qkv=True, attention_output_copy=True),
-}
 
 ATTENTION_INPUTS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj"})
 MLP_INPUTS = frozenset({"gate_proj", "up_proj", "gate_up_proj"})
@@ -129,7 +110,7 @@ def _attention_bytes(workload: Workload, traits: FamilyActivationTraits) -> int:
     else:
         per_token += e * (q + 2 * kv) if traits.fused_qkv else e * kv
     if traits.eager_attention:
-        per_token += eager_score_bytes(e) * shape.num_heads * s
+        per_token += eager_score_bytes(e, traits.eager_attention) * shape.num_heads * s
     else:
         per_token += e * q + LOG_SUM_EXP_BYTES * shape.num_heads
         if explicit_attention_mask(workload):
@@ -139,10 +120,23 @@ def _attention_bytes(workload: Workload, traits: FamilyActivationTraits) -> int:
     return per_token
 
 
-def eager_score_bytes(param_bytes: int) -> int:
-    """Per attention score of eager attention: the fp32 softmax, the soft-capped (tanh) scores and
-    the probabilities cast back to the model's dtype (no copy in fp32)."""
+def eager_score_bytes(param_bytes: int, kind: str = "softcapped") -> int:
+    """Per attention score of eager attention. Soft-capped: the fp32 softmax, the soft-capped (tanh)
+    scores and the probabilities cast back to the model's dtype (no copy in fp32). With sinks: only
+    the softmax's output in the model's dtype (the scores and the sink column are freed)."""
+    if kind == "sinks":
+        return param_bytes
     return 4 + param_bytes + (param_bytes if param_bytes < 4 else 0)
+
+
+def _qk_norm_bytes(workload: Workload, traits: FamilyActivationTraits) -> int:
+    """Per token: norms on the queries and keys (Qwen 3, Gemma 3, OLMo 2) keep their fp32 inputs, and
+    a trained norm weight its normalised input."""
+    shape, e = workload.shape, workload.param_bytes
+    if not any(g.name == "q_norm" and g.part == "decoder" for g in shape.groups):
+        return 0
+    trained = (4 if traits.fp32_norm_output else e) if workload.method == "full" else 0
+    return (4 + trained) * (shape.q_dim + shape.kv_dim)
 
 
 @per_workload
@@ -151,7 +145,10 @@ def _adapted_modules(workload: Workload) -> frozenset[str]:
     return frozenset(
         "router" if g.kind == "router" else g.name
         for g in workload.shape.groups
-        if g.kind != "experts" and workload.method != "full" and is_adapted(g, workload.target_modules)
+        if g.kind != "experts"
+        and g.part == "decoder"
+        and workload.method != "full"
+        and is_adapted(g, workload.target_modules)
     )
 
 
@@ -182,7 +179,8 @@ def _mlp_bytes(workload: Workload) -> int:
     """Per token: the gate and up projections' outputs and the activation (the product is the down
     projection's input). A mixture of experts does this for each routed expert, and a trained
     expert also keeps the gathered token copies it reads and the product; the expert outputs
-    wait for the routing weights."""
+    wait for the routing weights. gpt-oss's clamped gate keeps more: the fused gate-up output, the
+    clamped gate, the shifted up, the sigmoid and the gated product."""
     shape, e = workload.shape, workload.param_bytes
     h, inter = shape.hidden_size, shape.intermediate_size
     if shape.num_experts <= 1:
@@ -190,15 +188,18 @@ def _mlp_bytes(workload: Workload) -> int:
     trained = workload.method == "full" or any(
         g.kind == "experts" and is_adapted(g, workload.target_modules) for g in shape.groups
     )
-    per_expert = 4 * inter + 2 * h if trained else 3 * inter + h
+    if family_traits(shape).clamped_experts:
+        per_expert = 7 * inter + 2 * h if trained else 6 * inter + h
+    else:
+        per_expert = 4 * inter + 2 * h if trained else 3 * inter + h
     return shape.experts_per_token * e * per_expert
 
 
 @per_workload
 def layer_bytes_per_token(workload: Workload) -> float:
     """What one decoder layer keeps for backward, per token, without checkpointing."""
-    traits = FAMILY_TRAITS.get(workload.shape.family, FamilyActivationTraits())
-    per_token = _norm_bytes(workload, traits) + _attention_bytes(workload, traits)
+    traits = family_traits(workload.shape)
+    per_token = _norm_bytes(workload, traits) + _qk_norm_bytes(workload, traits) + _attention_bytes(workload, traits)
     per_token += _linear_input_bytes(workload, traits) + _mlp_bytes(workload)
     if workload.method != "full":
         per_token += workload.param_bytes * workload.counts.adapted_ranks_per_layer
@@ -227,12 +228,12 @@ def head_gradient_bytes(workload: Workload) -> int:
 
 def loss_bytes(workload: Workload, tokens: int) -> int:
     """The logits/loss peak: one chunk of the chunked loss (`api/loss_chunks.py`), or the full logits
-    where the trainer keeps them (soft-capped heads), with the head's gradient in full fine-tuning."""
+    where the trainer keeps them (soft-capped or scaled heads), with the head's gradient in full fine-tuning."""
     shape, e = workload.shape, workload.param_bytes
     head = head_gradient_bytes(workload)
-    if not shape.logit_softcapping:
+    if not shape.full_logits:
         return chunked_loss_bytes(shape.vocab_size, shape.hidden_size, tokens, e) + head
-    per_vocab = LOGIT_BYTES_PER_VOCAB + SOFTCAP_EXTRA_BYTES_PER_VOCAB
+    per_vocab = LOGIT_BYTES_PER_VOCAB + (SOFTCAP_EXTRA_BYTES_PER_VOCAB if shape.logit_softcapping else 0)
     return max(int(per_vocab * shape.vocab_size * tokens), e * shape.vocab_size * tokens + head)
 
 
@@ -259,7 +260,7 @@ def _shared_bytes_per_token(workload: Workload, checkpointing: bool) -> int:
 def _final_norm_bytes_per_token(workload: Workload) -> int:
     """The final norm's saved input (and normalised input, when its weight trains); the loss holds
     its output."""
-    traits = FAMILY_TRAITS.get(workload.shape.family, FamilyActivationTraits())
+    traits = family_traits(workload.shape)
     return _norm_bytes(workload, traits) // (2 + traits.post_norms)
 
 
@@ -271,9 +272,9 @@ def _frozen_first_layer_bytes_per_token(workload: Workload) -> int:
     if workload.method == "full":
         return 0
     shape = workload.shape
-    traits = FAMILY_TRAITS.get(shape.family, FamilyActivationTraits())
+    traits = family_traits(shape)
     attention_inputs = _adapted_modules(workload) & ATTENTION_INPUTS
-    frozen = 4 * shape.hidden_size
+    frozen = 4 * shape.hidden_size if traits.pre_norm else 0
     if not attention_inputs:
         return frozen + _attention_bytes(workload, traits)
     if workload.lora_dropout > 0:
@@ -284,7 +285,19 @@ def _frozen_first_layer_bytes_per_token(workload: Workload) -> int:
 def _recompute_transient_per_token(workload: Workload) -> int:
     """Per token, beside a layer's saved activations while checkpointing recomputes its forward (at
     the down projection): the gradient from above and its cast, the residual stream and the
-    down projection's output, and the MLP's input and product where the layer does not keep them."""
+    down projection's output, and the MLP's input and product where the layer does not keep them.
+    A layer that norms its MLP's output (OLMo 2, Gemma 2 and 3) starts its backward with that norm's:
+    its fp32 temporaries and the gradient from above, when they are more."""
+    shape, e = workload.shape, workload.param_bytes
+    h = shape.hidden_size
+    traits = family_traits(shape)
+    if not traits.pre_norm or traits.post_norms:
+        post_norm = NORM_BACKWARD_BYTES_PER_UNIT * h + e * h
+        return max(post_norm, _pre_norm_recompute_transient_per_token(workload))
+    return _pre_norm_recompute_transient_per_token(workload)
+
+
+def _pre_norm_recompute_transient_per_token(workload: Workload) -> int:
     shape, e = workload.shape, workload.param_bytes
     h, inter = shape.hidden_size, shape.intermediate_size
     adapted = _adapted_modules(workload)
@@ -300,7 +313,8 @@ def _down_input_bytes_per_token(workload: Workload) -> int:
     shape, e = workload.shape, workload.param_bytes
     if workload.method == "full":
         return e * shape.intermediate_size
-    if not any(g.name == "down_proj" and is_adapted(g, workload.target_modules) for g in shape.groups):
+    if not any(g.name == "down_proj" and g.part == "decoder" and is_adapted(g, workload.target_modules)
+               for g in shape.groups):  # fmt: skip
         return 0
     mask = dropout_mask_bytes(workload) if workload.lora_dropout > 0 else 0
     return (e + mask) * shape.intermediate_size
@@ -319,7 +333,8 @@ def _backward_peak_bytes(workload: Workload, tokens: int) -> int:
       side of the experts (its output, the product, the activation, the gate-up output) is freed;
     - LoRA on fused experts: the gradient of the materialised `W + B·A`, the down projection's
       first (the gate-up's comes once the down's materialised weight is freed: the difference);
-      frozen experts: the backward of each routed expert's product, as in a dense MLP.
+      frozen experts: the backward of each routed expert's product, as in a dense MLP (gpt-oss's
+      clamped gate doubles the element-wise gradients alive at once).
 
     """
     shape, e = workload.shape, workload.param_bytes
@@ -331,10 +346,15 @@ def _backward_peak_bytes(workload: Workload, tokens: int) -> int:
         product_backward = (e * (3 * inter + h) - _down_input_bytes_per_token(workload)) * tokens
         if workload.method != "full":
             return product_backward
-        largest = max(g.in_features * g.out_features for g in shape.groups if g.kind in ("linear", "router"))
+        largest = max(
+            g.in_features * g.out_features
+            for g in shape.groups
+            if g.kind in ("linear", "router") and g.part == "decoder"
+        )
         return max(e * largest + e * tokens * (inter + h), product_backward)
     if materialised_expert_bytes_per_layer(workload) == 0:  # frozen experts: their product's backward
-        return e * tokens * (3 * routed * inter + h - routed * h)
+        gradients = 6 if family_traits(shape).clamped_experts else 3  # gpt-oss: the clamped gate's as well
+        return e * tokens * (gradients * routed * inter + h - routed * h)
     down = experts["down_proj"]
     return e * max(down, experts["gate_up_proj"] - down) + e * tokens * routed * (inter + h)
 
