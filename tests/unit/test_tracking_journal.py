@@ -136,7 +136,7 @@ def test_the_reader_hands_out_whole_steps_past_what_the_sink_holds(tmp_path: Pat
 
 
 def scalars(log_dir: Path, tag: str = "loss") -> list[tuple[int, float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # type: ignore[import-untyped]
 
     accumulator = EventAccumulator(str(log_dir))
     accumulator.Reload()
