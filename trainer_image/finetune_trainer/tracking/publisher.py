@@ -115,10 +115,14 @@ class Publisher:
     def failing(self) -> bool:
         return self.failing_since is not None
 
-    def drain(self, deadline: float) -> bool:
-        """Wait until everything in the journal is published (True) or `deadline` (monotonic) passes."""
+    def start_draining(self) -> None:
+        """The journal is complete: say so once everything in it is published (`caught_up`)."""
         self._draining = True
         self._wake.set()
+
+    def drain(self, deadline: float) -> bool:
+        """Wait until everything in the journal is published (True) or `deadline` (monotonic) passes."""
+        self.start_draining()
         return self.caught_up.wait(max(0.0, deadline - time.monotonic()))
 
     def stop(self, timeout: float = 5.0) -> bool:

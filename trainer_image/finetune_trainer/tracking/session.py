@@ -45,6 +45,7 @@ FLUSH_ENV = "FTJOB_TRACKING_FLUSH_SECONDS"
 ARTIFACT_MAX_ENV = "FTJOB_TRACKING_ARTIFACT_MAX_BYTES"
 RUN_KEY_FILE = "run-key"
 MARK_FAILED_S = 5.0
+STOP_DRAIN_S = 5.0
 
 
 def run_key(output: Path) -> str:
@@ -121,6 +122,9 @@ class TrackingSession:
         deadline = time.monotonic() + env_int(FLUSH_ENV, 60)
         artifacts, pointers = self._outputs(summary)
         unpublished: int | None = None
+        reason = ""
+        for publisher in self.publishers:  # all at once: a server that is down holds back no other sink
+            publisher.start_draining()
         for publisher in self.publishers:
             drained = publisher.drain(deadline)
             stopped = publisher.stop()
@@ -131,8 +135,10 @@ class TrackingSession:
                 except Exception as exc:
                     log.warning("tracking: %s: outputs not logged: %s", publisher.sink.name, str(exc)[:300])
             if publisher is self.mlflow:
-                unpublished = publisher.pending()
-        return self.result(unpublished)
+                unpublished, reason = publisher.pending(), publisher.reason
+                log.warning("tracking: %d records not sent to MLflow (%s); they stay in %s", unpublished,
+                            reason or "no answer", journal_path(self.cfg.output))  # fmt: skip
+        return self.result(unpublished, reason)
 
     def _outputs(self, summary: TrainingSummary) -> tuple[list[tuple[Path, str]], dict[str, str]]:
         limit = env_int(ARTIFACT_MAX_ENV, 512 * 2**20)
@@ -153,21 +159,25 @@ class TrackingSession:
                 )
         return artifacts, pointers
 
-    def result(self, unpublished: int | None = None) -> TrackingResult:
+    def result(self, unpublished: int | None = None, reason: str = "") -> TrackingResult:
         status = self.board.snapshot()
-        mlflow = status.sinks.get("mlflow")
         return TrackingResult(
             run_id=status.run_id or None,
             experiment_id=status.experiment_id or None,
             run_url=status.run_url or None,
             tensorboard_log_dir=status.tensorboard_dir or None,
-            reason=(mlflow.reason or None) if mlflow is not None and unpublished else None,
+            reason=(reason or "no answer") if unpublished else None,
             unpublished_records=unpublished,
         )
 
     def stop(self, failed: bool) -> None:
-        """After a failure (the run is marked FAILED, briefly tried) or a stop signal."""
+        """After a failure (the run is marked FAILED, briefly tried) or a stop signal: what the last
+        checkpoint holds is sent for a few seconds more (the next gang sends the rest)."""
+        deadline = time.monotonic() + STOP_DRAIN_S
         for publisher in self.publishers:
+            publisher.start_draining()
+        for publisher in self.publishers:
+            publisher.drain(deadline)
             stopped = publisher.stop()
             if failed and stopped and publisher.published is not None:
                 _bounded(publisher.sink.mark_failed, MARK_FAILED_S)
