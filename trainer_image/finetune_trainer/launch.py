@@ -160,7 +160,10 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
             shm_segments.sweep(master_addr, master_port, created_since=started)
         result = _conclude(state_dir, returncode, node_rank, terminated["signal"], killed)
     if tracking is not None:
-        result = _tracked(tracking, result, marker, stopped=bool(terminated["signal"]))
+        try:
+            result = _tracked(tracking, result, marker, stopped=bool(terminated["signal"]))
+        except Exception as exc:  # tracking never fails a run: the result stands without it
+            log.warning("tracking: not finished: %s", str(exc)[:300])
     return result
 
 
