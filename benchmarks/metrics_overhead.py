@@ -198,15 +198,44 @@ def tracking(stages: list[int], steps: int, rounds: int) -> int:
                     median = run_once(stage, steps, mode, Path(tmp) / f"z{stage}-{mode}-{rnd}", server.url)
                     results.setdefault((stage, mode), []).append(median)
                     print(f"ZeRO-{stage} round {rnd} {mode:<9} median step {median * 1000:8.2f} ms", flush=True)
-    record_s, commit_s = recorder_costs()
-    print(f"\nrank 0's share, in its own thread: record() {record_s * 1e6:.1f} us a step; "
-          f"commit() of 5 steps {commit_s * 1e3:.2f} ms a checkpoint (journal append + fsync)")  # fmt: skip
-    print(f"\n{'stage':<8}{'on ms':>10}{'tracking ms':>13}{'tracking/on':>13}{'rank 0 share':>14}")
+        record_s, commit_s = recorder_costs()
+        publish_s = publisher_cpu(server.url, Path(tmp) / "publish")
+    print(f"\nrank 0, in its training thread: record() {record_s * 1e6:.1f} us a step; commit() of 5 steps "
+          f"{commit_s * 1e3:.2f} ms a checkpoint (journal append + fsync)")  # fmt: skip
+    print(f"entrypoint (another process): {publish_s * 1e3:.2f} ms of CPU a step to publish it to MLflow")
+    print(f"\n{'stage':<8}{'on ms':>10}{'tracking ms':>13}{'tracking/on':>13}{'rank 0 share':>14}{'publisher CPU':>15}")
     for stage in stages:
         on, tracked = (statistics.median(results[(stage, m)]) for m in TRACKING_MODES)
         share = (record_s + commit_s / 5) / on
-        print(f"ZeRO-{stage:<3}{on * 1e3:>10.2f}{tracked * 1e3:>13.2f}{tracked / on:>13.3f}{share:>14.5f}")
+        print(f"ZeRO-{stage:<3}{on * 1e3:>10.2f}{tracked * 1e3:>13.2f}{tracked / on:>13.3f}{share:>14.5f}"
+              f"{publish_s / on:>15.5f}")  # fmt: skip
     return 0
+
+
+def publisher_cpu(url: str, workdir: Path, steps: int = 1000) -> float:
+    """CPU seconds per step that publishing costs the entrypoint (JSON, HTTP client), after the import."""
+    import time
+
+    from finetune_trainer.tracking.journal import JournalWriter, Record, journal_path
+    from finetune_trainer.tracking.mlflow_sink import MlflowSink, RunSpec
+    from finetune_trainer.tracking.publisher import Publisher
+    from finetune_trainer.tracking.status import StatusBoard, TrackingStatus, status_path
+
+    metrics = {"loss": 2.5, "learning_rate": 1e-4, "grad_norm": 1.2, "tokens_per_second": 900.0, "epoch": 0.5,
+               "memory_peak_bytes": 2.0**30, "memory_peak_vs_plan": 0.9}  # fmt: skip
+    spec = RunSpec(url, "publisher-cpu", f"bench-{time.time()}", "bench", {}, {})
+    sink = MlflowSink(spec)
+    sink.connect()  # the import and the run: once per gang
+    journal = journal_path(workdir)
+    publisher = Publisher(sink, journal, StatusBoard(status_path(workdir), TrackingStatus()))
+    JournalWriter(journal).append([Record(s, s, metrics) for s in range(1, steps + 1)])
+    began = time.process_time()
+    publisher.start()
+    while publisher.published != steps:
+        time.sleep(0.01)
+    cpu = time.process_time() - began
+    publisher.stop()
+    return cpu / steps
 
 
 def recorder_costs(steps: int = 2000) -> tuple[float, float]:
