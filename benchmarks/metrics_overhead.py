@@ -17,6 +17,13 @@ its "off" whole iterations (hooks included); a linear drift and any odd/even-ste
 cancel inside a block. The median over blocks is printed. Separate runs (the default mode)
 differ by more than the effect on a shared machine.
 
+`--tracking` compares instead runs with everything on ("on") and the same plus experiment
+tracking ("tracking": a real MLflow server on loopback, from `finetune_localcluster.mlflow_server`,
+and TensorBoard files), both checkpointing every 5 steps so the journal and the publishers work
+during the run; the ratio of median step times is printed (target: at most 1.01). The
+publishers run in the entrypoint, not in a rank: what a rank adds is one dictionary per step
+and a journal append per checkpoint.
+
 `--micro` measures instead, in one process, what the accounting adds per collective (a
 small all-reduce on a 1-rank gloo group, wrapped vs bare) and per step (the loop's hooks
 with the model-state walk of a small module): per-call cost x calls per step + hook cost,
@@ -28,6 +35,7 @@ noise between runs is a few per cent, so the rounds are interleaved and repeated
 
     DS_ACCELERATOR=cpu .venv/bin/python benchmarks/metrics_overhead.py --paired [--stages 2 3] [--steps 60]
     DS_ACCELERATOR=cpu .venv/bin/python benchmarks/metrics_overhead.py [--stages 2 3] [--steps 20] [--rounds 2]
+    DS_ACCELERATOR=cpu .venv/bin/python benchmarks/metrics_overhead.py --tracking [--stages 2] [--steps 60] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -45,28 +53,38 @@ for extra in (REPO, REPO / "operator", REPO / "trainer_image"):
         sys.path.insert(0, str(extra))
 
 MODES = ("off", "on", "dslogger")
+TRACKING_MODES = ("on", "tracking")
 SKIP = 2
 
 
-def manifest(stage: int, steps: int) -> dict[str, object]:
+def manifest(stage: int, steps: int, tracking_uri: str | None = None) -> dict[str, object]:
     from tests.trainer.conftest import job_manifest
 
+    training: dict[str, object] = {"maxSteps": steps, "microBatchSize": 4, "globalBatchSize": 8, "precision": "fp32"}
+    extra: dict[str, object] = {}
+    if tracking_uri is not None:  # both sides of the tracking comparison checkpoint alike
+        training["checkpointEverySteps"] = 5
+        if tracking_uri:
+            extra["tracking"] = {"mlflow": {"trackingUri": tracking_uri, "experiment": "overhead"},
+                                 "tensorboard": {"enabled": True}}  # fmt: skip
     return job_manifest(
         "builtin://tiny-llama",
         "builtin://reverse-words",
         "/out",
         dataset={"format": "messages", "maxSeqLength": 64, "validationSplit": 0.01},
         method={"type": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}},
-        training={"maxSteps": steps, "microBatchSize": 4, "globalBatchSize": 8, "precision": "fp32"},
+        training=training,
         deepspeed={"zeroStage": stage},
+        **extra,
     )
 
 
-def run_once(stage: int, steps: int, mode: str, workdir: Path) -> float:
+def run_once(stage: int, steps: int, mode: str, workdir: Path, tracking_uri: str | None = None) -> float:
     from tests.trainer.conftest import free_port, render_config, start_train
 
-    config = render_config(workdir / "config", manifest(stage, steps))
-    env = {"FTJOB_METRICS": "on" if mode == "on" else "off", "FTJOB_METRICS_PORT": str(free_port())}
+    uri = None if tracking_uri is None else (tracking_uri if mode == "tracking" else "")
+    config = render_config(workdir / "config", manifest(stage, steps, uri))
+    env = {"FTJOB_METRICS": "on" if mode in ("on", "tracking") else "off", "FTJOB_METRICS_PORT": str(free_port())}
     if mode == "dslogger":
         ds_path = config / "deepspeed.json"
         ds = json.loads(ds_path.read_text())
@@ -168,6 +186,83 @@ def micro(calls: int = 3000) -> None:
           f"one /metrics scrape {scrape * 1e3:.2f} ms (exporter thread)")  # fmt: skip
 
 
+def tracking(stages: list[int], steps: int, rounds: int) -> int:
+    """Median step time with everything on, without and with tracking to a real MLflow server."""
+    from finetune_localcluster.mlflow_server import MlflowServer
+
+    results: dict[tuple[int, str], list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="tracking-overhead-") as tmp, MlflowServer(Path(tmp) / "mlflow") as server:
+        for stage in stages:
+            for rnd in range(rounds):
+                for mode in TRACKING_MODES if rnd % 2 == 0 else tuple(reversed(TRACKING_MODES)):
+                    median = run_once(stage, steps, mode, Path(tmp) / f"z{stage}-{mode}-{rnd}", server.url)
+                    results.setdefault((stage, mode), []).append(median)
+                    print(f"ZeRO-{stage} round {rnd} {mode:<9} median step {median * 1000:8.2f} ms", flush=True)
+        record_s, commit_s = recorder_costs()
+        publish_s = publisher_cpu(server.url, Path(tmp) / "publish")
+    print(f"\nrank 0, in its training thread: record() {record_s * 1e6:.1f} us a step; commit() of 5 steps "
+          f"{commit_s * 1e3:.2f} ms a checkpoint (journal append + fsync)")  # fmt: skip
+    print(f"entrypoint (another process): {publish_s * 1e3:.2f} ms of CPU a step to publish it to MLflow")
+    print(f"\n{'stage':<8}{'on ms':>10}{'tracking ms':>13}{'tracking/on':>13}{'rank 0 share':>14}{'publisher CPU':>15}")
+    for stage in stages:
+        on, tracked = (statistics.median(results[(stage, m)]) for m in TRACKING_MODES)
+        share = (record_s + commit_s / 5) / on
+        print(f"ZeRO-{stage:<3}{on * 1e3:>10.2f}{tracked * 1e3:>13.2f}{tracked / on:>13.3f}{share:>14.5f}"
+              f"{publish_s / on:>15.5f}")  # fmt: skip
+    return 0
+
+
+def publisher_cpu(url: str, workdir: Path, steps: int = 1000) -> float:
+    """CPU seconds per step that publishing costs the entrypoint (JSON, HTTP client), after the import."""
+    import time
+
+    from finetune_trainer.tracking.journal import JournalWriter, Record, journal_path
+    from finetune_trainer.tracking.mlflow_sink import MlflowSink, RunSpec
+    from finetune_trainer.tracking.publisher import Publisher
+    from finetune_trainer.tracking.status import StatusBoard, TrackingStatus, status_path
+
+    metrics = {"loss": 2.5, "learning_rate": 1e-4, "grad_norm": 1.2, "tokens_per_second": 900.0, "epoch": 0.5,
+               "memory_peak_bytes": 2.0**30, "memory_peak_vs_plan": 0.9}  # fmt: skip
+    spec = RunSpec(url, "publisher-cpu", f"bench-{time.time()}", "bench", {}, {})
+    sink = MlflowSink(spec)
+    sink.connect()  # the import and the run: once per gang
+    journal = journal_path(workdir)
+    publisher = Publisher(sink, journal, StatusBoard(status_path(workdir), TrackingStatus()))
+    JournalWriter(journal).append([Record(s, s, metrics) for s in range(1, steps + 1)])
+    began = time.process_time()
+    publisher.start()
+    while publisher.published != steps:
+        time.sleep(0.01)
+    cpu = time.process_time() - began
+    publisher.stop()
+    return cpu / steps
+
+
+def recorder_costs(steps: int = 2000) -> tuple[float, float]:
+    """What the loop pays for tracking: seconds per `record` and per `commit` of 5 steps."""
+    import time
+
+    from finetune_trainer.tracking.journal import JournalWriter, journal_path
+    from finetune_trainer.tracking.recorder import Recorder, memory_peak_reader
+
+    entry = {"step": 0, "loss": 2.5, "lr": 1e-4, "grad_norm": 1.2, "tokens_per_second": 900.0, "epoch": 0.5}
+    with tempfile.TemporaryDirectory(prefix="recorder-") as tmp:
+        recorder = Recorder(JournalWriter(journal_path(Path(tmp))), 2**30, memory_peak_reader(False))
+        began = time.perf_counter()
+        for step in range(1, steps + 1):
+            recorder.record({**entry, "step": step})
+        record_s = (time.perf_counter() - began) / steps
+        recorder.held.clear()
+        commits: list[float] = []
+        for block in range(200):
+            for step in range(5):
+                recorder.record({**entry, "step": steps + block * 5 + step + 1})
+            began = time.perf_counter()
+            recorder.commit()
+            commits.append(time.perf_counter() - began)
+    return record_s, statistics.median(commits)
+
+
 def _time(body: object) -> float:
     import time
 
@@ -183,10 +278,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--micro", action="store_true", help="per-call and per-step costs in one process")
     parser.add_argument("--paired", action="store_true", help="accounting on and off on alternate steps of one run")
+    parser.add_argument("--tracking", action="store_true", help="everything on, without and with experiment tracking")
     args = parser.parse_args(argv)
     if args.micro:
         micro()
         return 0
+    if args.tracking:
+        return tracking(args.stages, args.steps, args.rounds)
     if args.paired:
         with tempfile.TemporaryDirectory(prefix="metrics-overhead-") as tmp:
             print(f"{'stage':<8}{'blocks':>7}{'on ms':>10}{'off ms':>10}{'on/off median':>15}{'quartiles':>16}")

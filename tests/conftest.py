@@ -2,13 +2,39 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.factories import REPO_ROOT
 
+if TYPE_CHECKING:
+    from finetune_localcluster.mlflow_server import MlflowServer
+
 
 @pytest.fixture
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The MLflow server's own venv is made (once per machine: minutes) before any test's timeout runs."""
+    if any("mlflow_server" in getattr(item, "fixturenames", ()) for item in session.items):
+        from finetune_localcluster.mlflow_server import server_venv
+
+        capture = session.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            server_venv()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """A real MLflow tracking server (PyPI's, sqlite store, artifacts served through it) on
+    127.0.0.1, shared by the session: each test uses experiments of its own."""
+    from finetune_localcluster.mlflow_server import MlflowServer
+
+    with MlflowServer(tmp_path_factory.mktemp("mlflow")) as server:
+        yield server

@@ -387,6 +387,14 @@ def test_scheduling_policy_values_reach_the_arguments(monkeypatch: pytest.Monkey
 
 
 @needs_helm
+def test_the_default_tracking_uri_reaches_the_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    args, _ = _operator_args(render(), monkeypatch)
+    assert args.default_tracking_uri is None
+    args, _ = _operator_args(render("tracking.mlflow.trackingUri=http://mlflow.mlflow.svc:5000"), monkeypatch)
+    assert args.default_tracking_uri == "http://mlflow.mlflow.svc:5000"
+
+
+@needs_helm
 def test_operator_runs_alone() -> None:
     spec = one(render(), "Deployment")["spec"]
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
@@ -461,6 +469,8 @@ def test_dashboards_can_be_switched_off() -> None:
         "podMonitor.ranksPerNode=0",
         "serviceMonitor.interval=soon",
         "operator.reconcileInterval=-1",
+        "tracking.mlflow.trackingUri=mlflow.example.com",
+        "tracking.mlflow.trackingUri=http://user:secret@mlflow.example.com",
     ],
 )
 def test_schema_rejects_bad_values(bad: str) -> None:

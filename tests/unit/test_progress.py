@@ -104,7 +104,7 @@ def test_a_failing_rank_0_endpoint_is_read_once_per_period_not_on_every_pass(mon
                         terminated=None, last_terminated=None)  # fmt: skip
         observed = Observed(workers=None, pods=(rank0,))
         for _ in range(5):
-            assert reconciler._progress(job, observed, NOW) is None
+            assert reconciler._progress(job, observed, NOW) == (None, None)
         assert len(hits) == 1
         monkeypatch.setattr(runner, "PROGRESS_EVERY_SECONDS", 0.0)
         reconciler._progress(job, observed, NOW)

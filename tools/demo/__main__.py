@@ -8,7 +8,9 @@ made-up word-for-word code; `--example examples/tiny-cpu.yaml` for a random tiny
 learning to reverse word lists, faster), shows
 `kubectl get ftj -w`-style progress while two real DeepSpeed ranks train on the process
 node, prints the result, the model's answers to held-out prompts before and after with
-their exact-match accuracy, and the plan, and stops everything it started.
+their exact-match accuracy, and the plan, and stops everything it started. With `--mlflow` it also
+starts a real MLflow server on loopback, makes it the chart's default tracking server, and shows
+the job's run (its URL, params, metrics and artifacts).
 """
 
 from __future__ import annotations
@@ -84,11 +86,32 @@ def print_answers(train_log: Path) -> None:
         print(f"  {before['expected']:28} {before['got'][:32]:34} {after['got'][:32]}")
 
 
+def show_run(tracking: dict[str, Any], url: str | None) -> None:
+    """The job's MLflow run: its URL and, from our own server, what it holds."""
+    print(f"\nMLflow run: {tracking['runUrl']}")
+    if not url:
+        return
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=url)
+    run = client.get_run(tracking["runId"])
+    print(f"  status {run.info.status}; params: {', '.join(f'{k}={v}' for k, v in sorted(run.data.params.items()))}")
+    counts = {key: len(client.get_metric_history(run.info.run_id, key)) for key in sorted(run.data.metrics)}
+    print(f"  metrics (points): {', '.join(f'{k} ({n})' for k, n in counts.items())}")
+    folders: list[str | None] = [None]
+    files: list[str] = []
+    while folders:
+        for item in client.list_artifacts(run.info.run_id, folders.pop()):
+            (folders if item.is_dir else files).append(item.path)
+    print(f"  artifacts: {', '.join(sorted(files))}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=REPO / ".work" / "demo")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--example", type=Path, default=EXAMPLE, help="the FineTuneJob to apply")
+    parser.add_argument("--mlflow", action="store_true", help="track the job in a local MLflow server, show its run")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -98,7 +121,10 @@ def main() -> int:
     print(f"   {bins.kube_bin}")
     say("2. Local control plane: etcd, kube-apiserver, controller-manager, scheduler, kwok GPU node, process node")
     started = time.monotonic()
-    with LocalCluster(args.workdir / "cluster", gpu_nodes=1, process_nodes=1) as cluster:
+    with (
+        LocalCluster(args.workdir / "cluster", gpu_nodes=1, process_nodes=1) as cluster,
+        contextlib.ExitStack() as stack,
+    ):
         print(f"   up in {time.monotonic() - started:.1f}s; KUBECONFIG={cluster.kubeconfig}")
         print(kubectl(cluster, "get", "nodes", "-L", "nvidia.com/gpu.product"), end="")
         kube = cluster.kube()
@@ -106,15 +132,23 @@ def main() -> int:
             kube.create("/api/v1/namespaces", {"metadata": {"name": ns, "labels": {
                 "pod-security.kubernetes.io/enforce": "restricted"}}})  # fmt: skip
 
-        say(f"3. helm install {RELEASE} charts/finetune-operator -n {SYSTEM_NS}")
-        print(helm(cluster.kubeconfig, "install", RELEASE, str(CHART), "--namespace", SYSTEM_NS), end="")
+        tracking: tuple[str, ...] = ()
+        if args.mlflow:
+            from finetune_localcluster.mlflow_server import MlflowServer
+
+            url = stack.enter_context(MlflowServer(args.workdir / "mlflow")).url
+            say(f"2a. MLflow tracking server (PyPI's mlflow, sqlite store) on loopback: {url}")
+            tracking = ("--set", f"tracking.mlflow.trackingUri={url}")
+        say(f"3. helm install {RELEASE} charts/finetune-operator -n {SYSTEM_NS} {' '.join(tracking)}".rstrip())
+        print(helm(cluster.kubeconfig, "install", RELEASE, str(CHART), "--namespace", SYSTEM_NS, *tracking), end="")
         install_crd(kube)
 
         say("4. The operator, with the chart's ServiceAccount credentials (not admin)")
         deployment = kube.get(f"/apis/apps/v1/namespaces/{SYSTEM_NS}/deployments/{RELEASE}-finetune-operator")
         sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
         config = service_account_kubeconfig(kube, cluster, SYSTEM_NS, sa, args.workdir / "operator.kubeconfig")
-        operator = OperatorProcess(config, args.workdir / "operator.log")
+        default_uri = ("--default-tracking-uri", tracking[1].split("=", 1)[1]) if tracking else ()
+        operator = OperatorProcess(config, args.workdir / "operator.log", extra_args=default_uri)
         operator.start()
         print(f"   running as system:serviceaccount:{SYSTEM_NS}:{sa}; log {operator.log_path}")
         try:
@@ -136,6 +170,9 @@ def main() -> int:
             say("7. Result")
             print(json.dumps(status.get("result", {}), indent=2))
             print_answers(cluster.workdir / "pvc" / JOB_NS / CLAIM / name / "train_log.jsonl")
+            run = (status.get("result") or {}).get("tracking") or {}
+            if run.get("runUrl"):
+                show_run(run, default_uri[1] if default_uri else None)
             plan = status.get("plan", {})
             print(f"\nplan: ZeRO-{plan.get('zeroStage')}, offload optimizer={plan.get('offloadOptimizer')} "
                   f"params={plan.get('offloadParams')}, micro-batch {plan.get('microBatchSize')} × "

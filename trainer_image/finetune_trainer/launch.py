@@ -33,6 +33,7 @@ from . import outcome, process_tree, shm_segments
 from .paths import completion_marker
 from .prefetch import prefetch
 from .settings import ConfigError, JobConfig, env_int, load_config
+from .tracking.session import TrackingSession, start_session
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
         message = outcome.one_line(f"{outcome.MODEL_NOT_FOUND}: downloading {cfg.job.spec.model.uri}: {exc}")
         outcome.write_termination(message)
         return Result(1, None, message)
+    tracking = start_session(cfg) if node_rank == 0 else None
     with tempfile.TemporaryDirectory(prefix="ftjob-run-") as tmp:
         state_dir = Path(tmp)
         cmd = launcher_command(cfg, node_rank, master_addr, master_port)
@@ -164,7 +166,29 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
             for s, handler in old.items():
                 signal.signal(s, handler)
             shm_segments.sweep(master_addr, master_port, created_since=started)
-        return _conclude(state_dir, returncode, node_rank, terminated["signal"], killed)
+        result = _conclude(state_dir, returncode, node_rank, terminated["signal"], killed)
+    if tracking is not None:
+        try:
+            result = _tracked(tracking, result, marker, stopped=bool(terminated["signal"]))
+        except Exception as exc:  # tracking never fails a run: the result stands without it
+            log.warning("tracking: not finished: %s", str(exc)[:300])
+    return result
+
+
+def _tracked(tracking: TrackingSession, result: Result, marker: Path, stopped: bool) -> Result:
+    """A succeeded run's summary with its tracking (the last records sent first, for a bounded time);
+    after a failure the run is marked FAILED, after a stop signal it is left running."""
+    if result.exit_code != 0 or result.summary is None:
+        tracking.stop(failed=not stopped)
+        return result
+    summary = TrainingSummary.model_validate(result.summary, strict=False)
+    summary = summary.model_copy(update={"tracking": tracking.finish(summary)})
+    outcome.write_summary(summary)
+    if marker.exists():  # a pod restarted after success reports the summary with its run
+        tmp = marker.with_name(marker.name + ".tmp")
+        tmp.write_text(json.dumps(_wire(summary), indent=2, sort_keys=True) + "\n")
+        tmp.replace(marker)
+    return Result(0, _wire(summary), result.message)
 
 
 def _conclude(state_dir: Path, returncode: int, node_rank: int, signum: int, killed: list[int]) -> Result:

@@ -29,6 +29,7 @@ from .loss import training_loss
 from .metrics import RankMetrics
 from .schedule import lr_lambda
 from .settings import JobConfig
+from .tracking.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,8 @@ class Trainer:
         self.started = time.time()
         self.resumed: tuple[int, bool] | None = None
         """(checkpoint step, written under another strategy) once `_resume` loaded one."""
+        self.tracking: Recorder | None = None
+        """Rank 0's experiment-tracking records (set up with the engine; see `finetune_trainer.tracking`)."""
 
     # ---- setup -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -137,6 +140,7 @@ class Trainer:
         )
         if self.metrics is not None:
             self.metrics.engine_ready(self.engine)
+        self.tracking = Recorder.for_rank(self.cfg, rank, on_gpu)
         if rank == 0:
             log.info(
                 "model %s: %s, %d/%d trainable parameters, ZeRO-%d, micro-batch %d x accumulation %d x world %d, "
@@ -254,6 +258,8 @@ class Trainer:
         if self.dist.rank == 0:
             with self.log_path.open("a") as fh:
                 fh.write(json.dumps(entry, sort_keys=True) + "\n")
+            if self.tracking is not None:
+                self.tracking.record(entry)
 
     def run(self) -> TrainingSummary:
         """Resume (or start), take every optimizer step left, evaluate, save the result."""
@@ -277,6 +283,8 @@ class Trainer:
             bar.close()
         after = self.evaluate()
         self._record({"step": self.total_steps, "eval": after})
+        if self.tracking is not None:
+            self.tracking.commit()  # the run is complete: every record may be published
         return self._finish(
             state.eval_before or {},
             after,
@@ -416,6 +424,7 @@ class Trainer:
             "tokens": state.tokens,
             "epoch": epoch,
             "seconds": seconds,
+            "tokens_per_second": tok_all / seconds if seconds > 0 else None,
             # the whole iteration, the metric hooks included (seconds: the training work)
             "iteration_seconds": time.perf_counter() - iteration_began,
         }
@@ -487,6 +496,10 @@ class Trainer:
             )
 
     def _checkpoint(self, state: CheckpointState) -> None:
+        if self.tracking is not None:
+            # the steps this checkpoint holds may be published; before the save, since a save cut
+            # short is redone from the same state, to the same values
+            self.tracking.commit()
         t0 = time.perf_counter()
         checkpoint.save(
             self.engine,

@@ -99,6 +99,11 @@ def run_rank(config_dir: str) -> int:
             }
             planned = cfg.plan.breakdown.model_dump(by_alias=False)
             metrics = RankMetrics(registry, info, on_gpu=torch.cuda.is_available(), planned=planned)
+            if rank == 0:
+                from .metrics.tracking import TrackingCollector
+                from .tracking.status import status_path
+
+                registry.register(TrackingCollector(status_path(cfg.output)))
             serve(registry, local_rank)
         trainer = Trainer(cfg, local_rank, metrics, progress=os.environ.get("FTJOB_PROGRESS") == "1")
         trainer.setup()

@@ -22,6 +22,7 @@ from pydantic import ConfigDict, Field, ValidationError
 
 from .base import ApiModel
 from .status import Result
+from .tracking import TrackingResult
 
 CONFIG_DIR = "/etc/ftjob"
 JOB_FILE = "job.json"
@@ -120,6 +121,8 @@ class TrainingSummary(ApiModel):
     """The checkpoint this run resumed from (unset: a fresh start)."""
     checkpoint_converted: bool | None = None
     """Whether that checkpoint was written under another strategy and converted to this run's."""
+    tracking: TrackingResult | None = None
+    """The run the entrypoint published to, once its last records were sent (or it gave up waiting)."""
 
     @classmethod
     def from_message(cls, text: str) -> TrainingSummary | None:
@@ -146,6 +149,7 @@ class TrainingSummary(ApiModel):
             tokens=self.tokens,
             trained_tokens=self.trained_tokens,
             wall_seconds=self.wall_seconds,
+            tracking=self.tracking,
         )
 
 

@@ -33,6 +33,7 @@ from .base import (
 from .pod_template import PodTemplateOverlay
 from .rules import CrossFieldRule, rules_of
 from .toleration import Toleration
+from .tracking import TRACKING_URI_HINT, TRACKING_URI_PATTERN, TrackingSpec
 
 RULE_MARK = "\x1frule:"
 
@@ -74,6 +75,7 @@ PATTERN_HINTS: dict[str, str] = {
     LABEL_VALUE_PATTERN: "must be a label value: empty, or letters, digits and -_. starting and ending with a letter "
     "or digit",
     QUANTITY_PATTERN: "must be a Kubernetes quantity such as 80Gi, 512Mi or 8 (at most 18 digits)",
+    TRACKING_URI_PATTERN: TRACKING_URI_HINT,
 }
 """Readable explanations of the regular expressions users are most likely to trip on."""
 
@@ -100,6 +102,8 @@ RESERVED_ENV = (
     "FTJOB_POD_IP",
     "FTJOB_METRICS_PORT",
     "FTJOB_PREFETCH_MODEL",
+    "FTJOB_JOB_UID",
+    "FTJOB_IMAGE",
     "DS_ACCELERATOR",
 )
 """Names the operator sets itself: a user value would silently break the rendezvous, or
@@ -699,6 +703,11 @@ class FineTuneJobSpec(RuledModel):
     )
     ttl_seconds_after_finished: Annotated[int, Field(ge=0, le=31_536_000)] | None = Field(
         default=None, description="Delete the job this long after it Succeeded or Failed."
+    )
+    tracking: TrackingSpec | None = Field(
+        default=None,
+        description="Experiment tracking: one MLflow run for the job's whole life (restarts, re-plans and "
+        "preemptions continue it) and TensorBoard event files. Unset: the operator's default tracking URI, if any.",
     )
 
     __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (

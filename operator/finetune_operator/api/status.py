@@ -13,6 +13,7 @@ from typing import Annotated
 from pydantic import Field
 
 from .base import ApiModel
+from .tracking import TrackingResult
 
 
 class ConditionType(StrEnum):
@@ -129,6 +130,10 @@ class Result(ApiModel):
         default=None, description="Tokens the loss was taken over (the responses), summed over all steps."
     )
     wall_seconds: float | None = None
+    tracking: TrackingResult | None = Field(
+        default=None,
+        description="The job's MLflow run (id, URL) and TensorBoard folder; set while running once rank 0 reports it.",
+    )
 
 
 class LastFailure(ApiModel):

@@ -9,6 +9,8 @@ import os
 import sys
 import threading
 
+from ..api.tracking import tracking_uri_problem
+
 DEFAULT_IMAGE_ENV = "FTJOB_TRAINER_IMAGE"
 
 
@@ -65,6 +67,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--default-queue-name",
         default=env("FTJOB_DEFAULT_QUEUE_NAME") or None,
         help="Kueue LocalQueue for jobs without spec.queueName (needs --kueue); default: such jobs are not queued",
+    )
+    parser.add_argument(
+        "--default-tracking-uri",
+        default=env("FTJOB_DEFAULT_TRACKING_URI") or None,
+        help="MLflow tracking server (http:// or https:// URL, as trainer pods reach it) for jobs whose "
+        "spec.tracking.mlflow names none; default: such jobs are not tracked",
     )
     parser.add_argument("--pod-monitor", action="store_true", default=env("FTJOB_POD_MONITOR", "") == "true")
     parser.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="default: in-cluster, then ~/.kube/config")
@@ -124,6 +132,9 @@ def _allow_deep_objects() -> None:
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     if args.default_queue_name and not args.kueue:
         raise SystemExit("ftjob operator: --default-queue-name needs --kueue (Kueue installed)")
+    problem = tracking_uri_problem(args.default_tracking_uri)
+    if problem:
+        raise SystemExit(f"ftjob operator: --default-tracking-uri: {problem}")
     import kopf
     from prometheus_client import start_http_server
 
@@ -148,6 +159,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         master_port=args.master_port,
         pod_monitor=args.pod_monitor,
         default_queue_name=args.default_queue_name,
+        default_tracking_uri=args.default_tracking_uri,
     )
     policy = SchedulingPolicy(
         priority_classes=tuple(args.allowed_priority_class),

@@ -14,8 +14,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..api.tracking import tracking_uri_problem
 from ..plan import choose_plan
 from ..render.config_files import HOSTFILE, config_files
+from ..render.tracking import with_default_tracking
 from .manifests import load_one
 
 
@@ -25,10 +27,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master-port", type=int, default=29500, help="rendezvous port on 127.0.0.1")
     parser.add_argument("--keep-config", metavar="DIR", help="render the config into DIR and keep it")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI") or None,
+        metavar="URL",
+        help="MLflow tracking server when spec.tracking.mlflow names none (default: $MLFLOW_TRACKING_URI); "
+        "credentials from $MLFLOW_TRACKING_TOKEN or $MLFLOW_TRACKING_USERNAME and $MLFLOW_TRACKING_PASSWORD",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    job = load_one(args.file)
+    problem = tracking_uri_problem(args.tracking_uri)
+    if problem:
+        print(f"--tracking-uri: {problem}", file=sys.stderr)
+        return 2
+    job = with_default_tracking(load_one(args.file), args.tracking_uri)
     plan = choose_plan(job.spec)
     world = job.spec.resources.world_size
     files = config_files(job, plan, hostfile=f"localhost slots={world}\n")
@@ -84,4 +97,12 @@ def _format_summary(summary: dict[str, object]) -> str:
     lines.append(f"saved to {where}")
     if summary.get("mergedModelUri"):
         lines.append(f"merged model: {summary['mergedModelUri']}")
+    tracking = summary.get("tracking")
+    if isinstance(tracking, dict):
+        if tracking.get("runUrl"):
+            lines.append(f"MLflow run: {tracking['runUrl']}")
+        if tracking.get("unpublishedRecords"):
+            lines.append(f"  {tracking['unpublishedRecords']} records not sent ({tracking.get('reason')})")
+        if tracking.get("tensorboardLogDir"):
+            lines.append(f"TensorBoard: tensorboard --logdir {tracking['tensorboardLogDir']}")
     return "\n".join(lines)

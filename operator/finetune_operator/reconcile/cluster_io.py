@@ -344,8 +344,12 @@ def _release(response: Any) -> None:
 
 
 def status_patch(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
-    """A merge-patch body that turns `old` into `new` (removed keys become null)."""
+    """A merge-patch body that turns `old` into `new`: removed keys become null, at any depth (a
+    merge patch merges objects key by key, so a key left out of a nested object would stay)."""
     out: dict[str, Any] = dict(new)
-    for key in (old or {}).keys() - new.keys():
-        out[key] = None
+    for key, value in (old or {}).items():
+        if key not in new:
+            out[key] = None
+        elif isinstance(value, dict) and isinstance(new[key], dict):
+            out[key] = status_patch(value, new[key])
     return out

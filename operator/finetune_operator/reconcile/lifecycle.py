@@ -16,7 +16,19 @@ from datetime import datetime
 from ..api.job import FineTuneJob
 from ..api.status import PlanStatus, Progress
 from .observed import Observed
-from .policies import config_change, deadline, failure, gang, planning, queueing, success, suspend, ttl, waiting
+from .policies import (
+    config_change,
+    deadline,
+    failure,
+    gang,
+    planning,
+    queueing,
+    success,
+    suspend,
+    tracking,
+    ttl,
+    waiting,
+)
 from .policies.context import (
     Context,
     Decision,
@@ -27,6 +39,7 @@ from .policies.context import (
     StatusBuilder,
     describe_plan,
 )
+from .tracking import TrackingReport
 
 __all__ = ["POLICIES", "Decision", "Event", "PlanFailed", "Planner", "Replanner", "decide", "describe_plan"]
 
@@ -39,6 +52,7 @@ POLICIES: tuple[Policy, ...] = (
     queueing.decide,  # under Kueue: nothing runs until the Workload is admitted; eviction scales to 0
     deadline.decide,
     gang.decide,  # the current gang's workers and progress; the decisions below refine it
+    tracking.decide,  # rank 0's MLflow run into status.result.tracking; Events when publishing fails
     success.decide,
     failure.decide,  # gang restart, re-plan after an OOM, or Failed
     config_change.decide,
@@ -56,11 +70,13 @@ def decide(
     desired_config_hash: Callable[[PlanStatus], str],
     progress: Progress | None = None,
     default_queue: str | None = None,
+    tracking_report: TrackingReport | None = None,
 ) -> Decision:
     """Everything the operator should do for this job now."""
     builder = StatusBuilder(job, now)
     queue = job.spec.queue_name or default_queue
     ctx = Context(job, observed, now, planner, replanner, desired_config_hash, progress, builder, queue)
+    ctx.tracking = tracking_report
     for policy in POLICIES:
         decision = policy(ctx)
         if decision is not None:

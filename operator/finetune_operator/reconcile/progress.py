@@ -43,13 +43,18 @@ class Sample:
     values: dict[str, float]
 
 
-def scrape(url: str, timeout: float = 1.0) -> dict[str, float] | None:
+def fetch(url: str, timeout: float = 1.0) -> str | None:
+    """Rank 0's /metrics text, or None when it does not answer."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            text = response.read(2_000_000).decode("utf-8", "replace")
+            return str(response.read(2_000_000).decode("utf-8", "replace"))
     except (OSError, ValueError):
         return None
-    return parse(text)
+
+
+def scrape(url: str, timeout: float = 1.0) -> dict[str, float] | None:
+    text = fetch(url, timeout)
+    return parse(text) if text is not None else None
 
 
 def parse(text: str) -> dict[str, float] | None:

@@ -35,6 +35,9 @@ WORKLOAD_CREATED = "WorkloadCreated"
 ADMITTED = "Admitted"
 EVICTED = "Evicted"
 WORKLOAD_CHANGED = "WorkloadChanged"
+TRACKING_FAILING = "TrackingFailing"
+TRACKING_RECOVERED = "TrackingRecovered"
+TRACKING_INCOMPLETE = "TrackingIncomplete"
 
 
 def is_out_of_memory(term: Termination) -> bool:

@@ -38,8 +38,9 @@ from .observed import Observed
 from .policies.child_write import after_write_error
 from .policies.context import parse_timestamp, timestamp
 from .policies.queueing import finished_status, released_status
-from .progress import Sample, scrape, to_progress
+from .progress import Sample, fetch, parse, to_progress
 from .salvage import invalid_spec_status, salvage_status
+from .tracking import TrackingReport, parse_report
 
 log = logging.getLogger("finetune_operator")
 EventSink = Callable[[Mapping[str, Any], Event], None]
@@ -268,7 +269,7 @@ class Reconciler:
             return Decision(invalid_spec_status(status, lines, body, now), replicas=0, plan=None), None
         job = job.model_copy(update={"status": status})
         namespace = job.metadata.namespace or ""
-        progress = self._progress(job, observed, now)
+        progress, tracking = self._progress(job, observed, now)
         observed = self._with_flavors(self._with_warnings(namespace, observed, now))
         decision = decide(
             job,
@@ -281,26 +282,29 @@ class Reconciler:
             desired_config_hash=lambda plan: self._desired_hash(job, plan),
             progress=progress,
             default_queue=self.options.default_queue_name,
+            tracking_report=tracking,
         )
         return decision, job
 
-    def _progress(self, job: FineTuneJob, observed: Observed, now: datetime) -> Any:
+    def _progress(self, job: FineTuneJob, observed: Observed, now: datetime) -> tuple[Any, TrackingReport | None]:
+        """Rank 0's progress (the last one between scrapes) and, from a fresh scrape, its tracking report."""
         rank0 = next((p for p in observed.live_pods if p.ordinal == 0 and p.ip and p.phase == "Running"), None)
         uid = job.metadata.uid or ""
         if rank0 is None:
-            return None
+            return None, None
         last = self._scraped_at.get(uid)
         if last is not None and time.time() - last < PROGRESS_EVERY_SECONDS:
-            return job.status.progress if job.status else None
+            return (job.status.progress if job.status else None), None
         # a failed read waits its turn too: an unreachable rank 0 costs one timeout per period, not per pass
         self._scraped_at[uid] = time.time()
-        values = scrape(f"http://{rank0.ip}:{self.options.metrics_port}/metrics")
-        if values is None:
-            return job.status.progress if job.status else None
+        text = fetch(f"http://{rank0.ip}:{self.options.metrics_port}/metrics")
+        values = parse(text) if text is not None else None
+        if text is None or values is None:
+            return (job.status.progress if job.status else None), None
         sample = Sample(at=time.time(), values=values)
         progress = to_progress(now, sample, self._samples.get(uid))
         self._samples[uid] = sample
-        return progress
+        return progress, parse_report(text)
 
     def _with_warnings(self, namespace: str, observed: Observed, now: datetime) -> Observed:
         """Pods stuck before their containers run, with the newest Warning Event about them.

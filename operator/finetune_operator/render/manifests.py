@@ -18,6 +18,7 @@ from ..api.status import PlanStatus
 from .config_files import config_files
 from .identity import config_map_name, labels, metadata, selector_labels
 from .options import RenderOptions
+from .tracking import with_default_tracking
 from .workers import headless_service, statefulset
 
 
@@ -43,6 +44,7 @@ def gang_hash(job: FineTuneJob, plan: PlanStatus, options: RenderOptions) -> str
     Pods carry it as an annotation; when it differs from the desired one, the running
     gang is stale (new plan, image, env, resources) and is restarted as a whole.
     """
+    job = with_default_tracking(job, options.default_tracking_uri)
     template = statefulset(job, options, 0, "", plan.host_bytes_per_node)["spec"]["template"]
     digest = hashlib.sha256(config_hash(config_map(job, plan)).encode())
     digest.update(json.dumps(template, sort_keys=True).encode())
@@ -89,6 +91,7 @@ def render_all(
     the config files and the pod template a second time). `placement` is the nodeLabels of
     the ResourceFlavors Kueue admitted the job on: they join the pods' nodeSelector.
     """
+    job = with_default_tracking(job, options.default_tracking_uri)
     config = config_map(job, plan)
     workers = statefulset(
         job,

@@ -20,3 +20,5 @@ class RenderOptions:
     termination_grace_seconds: int = 60
     default_queue_name: str | None = None
     """Kueue LocalQueue for jobs that name none (None: such jobs are not queued)."""
+    default_tracking_uri: str | None = None
+    """MLflow tracking server for jobs that name none (None: such jobs are not tracked)."""

@@ -27,6 +27,7 @@ from .identity import (
 )
 from .options import RenderOptions
 from .placement import affinity, apply_overlay, node_selector, tolerations
+from .tracking import tracking_env
 from .volumes import MODEL_CACHE_DIR, is_hub_model, local_path, model_cache_size, volume_mounts, volumes
 
 DEFAULT_ENV = {
@@ -80,6 +81,7 @@ def _env(job: FineTuneJob, options: RenderOptions) -> list[dict[str, Any]]:
         threads = int(parse_quantity(spec.resources.cpu)) // spec.resources.ranks_per_node
         defaults["OMP_NUM_THREADS"] = str(max(1, threads))
     env += [{"name": k, "value": v} for k, v in defaults.items() if k not in user]
+    env += tracking_env(job, spec.image or options.trainer_image, set(user))
     if spec.hf_token_secret_ref and "HF_TOKEN" not in user:
         ref = spec.hf_token_secret_ref
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})

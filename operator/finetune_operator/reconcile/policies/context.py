@@ -17,6 +17,7 @@ from ...api.spec import FineTuneJobSpec
 from ...api.status import ConditionType, FineTuneJobStatus, PlanStatus, Progress
 from ..conditions import headline, is_true, set_condition
 from ..observed import Observed, PodView
+from ..tracking import TrackingReport
 
 Planner = Callable[[FineTuneJobSpec], PlanStatus]
 Replanner = Callable[[FineTuneJobSpec, PlanStatus], PlanStatus | None]
@@ -172,6 +173,8 @@ class Context:
     """Set by the queueing policy: the admitted flavors' nodeLabels."""
     decision: Decision | None = None
     """Set by the gang policy: what the worker policies refine."""
+    tracking: TrackingReport | None = None
+    """Rank 0's report on the job's experiment tracking, from this pass's scrape (None: no news)."""
 
     @property
     def workers_decision(self) -> Decision:

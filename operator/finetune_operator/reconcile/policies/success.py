@@ -9,6 +9,7 @@ from ...api.status import ConditionType, Progress, Result
 from .. import reasons as R
 from .context import Context, Decision
 from .gang import announce_resume
+from .tracking import at_success
 
 
 def _final_progress(progress: Progress | None, result: Result, now: str, summary: TrainingSummary | None) -> Progress:
@@ -36,7 +37,7 @@ def decide(ctx: Context) -> Decision | None:
         return None
     rank0 = next(p for p in pods if p.ordinal == 0)
     summary = R.summary_of(rank0.completed or completed[0])
-    result = summary.to_result() if summary is not None else Result()
+    result = at_success(b, summary.to_result() if summary is not None else Result())
     if summary is not None:
         announce_resume(ctx, b, b.status.progress, summary.resumed_from_step, bool(summary.checkpoint_converted))
     b.update(result=result, completion_time=b.now, progress=_final_progress(b.status.progress, result, b.now, summary))
