@@ -2,9 +2,19 @@
 # Builds the operator and trainer images for real, with buildah (chroot isolation: no daemon,
 # no user namespaces needed) on a Debian bookworm base made by debootstrap (no registry needed),
 # then checks each image from the inside (`ftjob --help` and an import check, via buildah run
-# as the image's non-root user) and prints sizes and build times.
+# as the image's non-root user; for the trainer also trainer_image/imagebuild/check_image.py: the
+# prebuilt DeepSpeed ops, no compiler, the RDMA libraries) and prints sizes and build times.
 #
 #   scripts/build-images.sh [operator] [trainer]      (default: both)
+#   scripts/build-images.sh --print-trainer-deps-key  (the hash below, nothing built)
+#
+# The trainer's dependency stage (`deps` in trainer_image/Dockerfile: system packages, the venv
+# with torch, the prebuilt ops; ~8 GB and 7-15 minutes) is kept in buildah's store as
+# localhost/finetune-trainer-deps:<hash of its inputs> and built only when that image is missing:
+# its inputs are the Dockerfile up to the `trainer` stage, trainer_image/imagebuild/deps/, the
+# requirements read from pyproject.toml, the torch spec and index, and the base image's recipe.
+# The `trainer` stage (the project's source) is built every time on top of it, in seconds.
+# Building a new dependency image removes the older ones.
 #
 # Environment:
 #   FTJOB_CACHE_DIR      cache root (default ~/.cache/finetune-operator); the debootstrap rootfs
@@ -16,8 +26,11 @@
 #   FTJOB_TRAINER_TORCH  pip spec of torch for the trainer image (default: the Dockerfile's CUDA 12 pin)
 #   FTJOB_TRAINER_TORCH_INDEX  index of that torch (default: PyPI)
 #   FTJOB_SUMMARY_FILE   also write the summary lines (name, size, seconds) to this file
-#   FTJOB_IMAGE_MIN_FREE_GB  free disk the trainer build needs (default 32: measured peak 30 GB
-#                        above the start: its rootfs, the layer blob being committed and the image)
+#   FTJOB_IMAGE_MIN_FREE_GB  free disk a build of the trainer's dependency image needs (default 32:
+#                        measured peak 30 GB above the start: its rootfs, the layer blob being
+#                        committed and the image); on top of a kept one the trainer needs 4 GB
+#   FTJOB_TRAINER_DEPS   'rebuild' builds the trainer's dependency image even when one with the
+#                        same inputs is kept (default: reuse it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +45,10 @@ ROOTFS_TAR="$CACHE_DIR/images/debian-$SUITE-python3-v2.tar"  # bump vN when the 
 BASE_IMAGE="localhost/finetune-base:$SUITE-python3-v2"
 OPERATOR_IMAGE="localhost/finetune-operator:$TAG"
 TRAINER_IMAGE="localhost/finetune-trainer:$TAG"
+TRAINER_FILE=trainer_image/Dockerfile
+TRAINER_DEPS_REPO=localhost/finetune-trainer-deps
+TRAINER_DEPS_DIR=trainer_image/imagebuild/deps
+TRAINER_STAGE='FROM deps AS trainer'  # the line that ends the dependency part of TRAINER_FILE
 export BUILDAH_ISOLATION=chroot
 # buildah stages each layer blob (~8 GB for the trainer) under TMPDIR and leaves it behind when
 # the build is killed; a private directory, emptied at start and at exit, never accumulates them.
@@ -39,6 +56,30 @@ BUILD_TMP="$CACHE_DIR/images/tmp"
 
 log() { printf '\033[1m[build-images]\033[0m %s\n' "$*"; }
 die() { printf '\033[1;31m[build-images]\033[0m %s\n' "$*" >&2; exit 1; }
+
+trainer_build_args=("TORCH_SPEC=$TORCH_SPEC" "TORCH_INDEX_URL=$TORCH_INDEX")
+
+# The hash of every input of the trainer's dependency stage (see the header).
+trainer_deps_key() {
+  grep -qxF "$TRAINER_STAGE" "$TRAINER_FILE" || die "$TRAINER_FILE has no line '$TRAINER_STAGE'"
+  command -v python3 >/dev/null || die "python3 (>= 3.11) is needed to read the requirements from pyproject.toml"
+  local requirements
+  requirements=$(python3 "$TRAINER_DEPS_DIR/requirements.py" pyproject.toml trainer) \
+    || die "reading the trainer's requirements from pyproject.toml failed"
+  {
+    printf '%s\n' "BASE_IMAGE=$BASE_IMAGE" "${trainer_build_args[@]}"
+    sed "/^$TRAINER_STAGE\$/q" "$TRAINER_FILE"
+    find "$TRAINER_DEPS_DIR" -type f ! -path '*/__pycache__/*' | LC_ALL=C sort | while read -r f; do
+      printf '== %s\n' "$f"; cat "$f"
+    done
+    printf '%s\n' "$requirements"
+  } | sha256sum | cut -c1-16
+}
+
+if [[ ${1:-} == --print-trainer-deps-key ]]; then
+  trainer_deps_key
+  exit 0
+fi
 
 targets=("$@")
 ((${#targets[@]})) || targets=(operator trainer)
@@ -95,20 +136,73 @@ secret=()
 [[ -s $CA_BUNDLE ]] && secret=(--secret "id=ca-bundle,src=$CA_BUNDLE")
 
 summary=()
+build_args=()  # --build-arg pairs of the image being built
+set_build_args() {
+  build_args=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
+  for a in "$@"; do build_args+=(--build-arg "$a"); done
+}
+
 build() {  # name image dockerfile [build-arg...]
   local name=$1 image=$2 file=$3; shift 3
-  local args=() start
-  for a in "$@"; do args+=(--build-arg "$a"); done
+  local start
+  set_build_args "$@"
   log "building $image from $file"
   start=$SECONDS
-  buildah build --isolation chroot --layers=false -f "$file" -t "$image" \
-    --build-arg "BASE_IMAGE=$BASE_IMAGE" "${args[@]}" "${secret[@]}" . \
+  buildah build --isolation chroot --layers=false -f "$file" -t "$image" "${build_args[@]}" "${secret[@]}" . \
     || die "building $image failed"
-  local seconds=$((SECONDS - start))
+  finish "$name" "$image" $((SECONDS - start)) ""
+}
+
+finish() {  # name image seconds note: check the image, then add its summary line
+  local name=$1 image=$2 seconds=$3 note=$4 size
   check "$name" "$image"
-  local size
   size=$(buildah images --noheading --format '{{.Size}}' "$image" | head -n1)
-  summary+=("$(printf '%-9s %-40s size %-10s build %4d s' "$name" "$image" "$size" "$seconds")")
+  summary+=("$(printf '%-9s %-40s size %-10s build %4d s%s' "$name" "$image" "$size" "$seconds" "$note")")
+}
+
+TRAINER_DEPS_IMAGE=""
+TRAINER_DEPS_REUSED=false
+plan_trainer_deps() {  # sets TRAINER_DEPS_IMAGE and TRAINER_DEPS_REUSED
+  TRAINER_DEPS_IMAGE="$TRAINER_DEPS_REPO:$(trainer_deps_key)"
+  if [[ ${FTJOB_TRAINER_DEPS:-} != rebuild ]] && buildah inspect --type image "$TRAINER_DEPS_IMAGE" >/dev/null 2>&1; then
+    TRAINER_DEPS_REUSED=true
+  fi
+}
+
+# Dependency images of other inputs: only the newest is worth its ~8 GB.
+drop_old_trainer_deps() {
+  local old kept
+  kept=$(buildah images --noheading --format '{{.Name}}:{{.Tag}}' "$TRAINER_DEPS_REPO" 2>/dev/null || true)
+  for old in $(sort -u <<<"$kept"); do
+    [[ $old != "$TRAINER_DEPS_IMAGE" ]] || continue
+    log "removing the dependency image $old (other inputs)"
+    buildah rmi --force "$old" >/dev/null 2>&1 || true
+  done
+}
+
+build_trainer() {
+  local start=$SECONDS deps_note final_file
+  set_build_args "${trainer_build_args[@]}"
+  if $TRAINER_DEPS_REUSED; then
+    log "dependency image $TRAINER_DEPS_IMAGE reused: its inputs are unchanged"
+    deps_note="  deps reused $TRAINER_DEPS_IMAGE"
+  else
+    buildah rmi --force "$TRAINER_DEPS_IMAGE" >/dev/null 2>&1 || true
+    log "building the dependency image $TRAINER_DEPS_IMAGE (stage deps of $TRAINER_FILE)"
+    buildah build --isolation chroot --layers=false -f "$TRAINER_FILE" --target deps -t "$TRAINER_DEPS_IMAGE" \
+      "${build_args[@]}" "${secret[@]}" . || die "building $TRAINER_DEPS_IMAGE failed"
+    log "dependency image $TRAINER_DEPS_IMAGE built in $((SECONDS - start)) s"
+    deps_note="  deps built in $((SECONDS - start)) s as $TRAINER_DEPS_IMAGE"
+  fi
+  # The `trainer` stage of the same file, on the kept dependency image.
+  final_file="$BUILD_TMP/trainer.Containerfile"
+  { echo "FROM $TRAINER_DEPS_IMAGE"; sed "1,/^$TRAINER_STAGE\$/d" "$TRAINER_FILE"; } >"$final_file"
+  log "building $TRAINER_IMAGE: stage trainer of $TRAINER_FILE on $TRAINER_DEPS_IMAGE"
+  local final_start=$SECONDS
+  buildah build --isolation chroot --layers=false -f "$final_file" -t "$TRAINER_IMAGE" "${secret[@]}" . \
+    || die "building $TRAINER_IMAGE failed"
+  log "$TRAINER_IMAGE: source layer built in $((SECONDS - final_start)) s"
+  finish trainer "$TRAINER_IMAGE" $((SECONDS - start)) "$deps_note"
 }
 
 check() {  # name image: run as the image's own (non-root) user, chroot isolation
@@ -139,6 +233,8 @@ print("operator imports ok, torch-free")' || { log "$image: import check failed"
 import torch, deepspeed, peft, transformers, bitsandbytes, datasets, finetune_trainer
 print("trainer imports ok: torch", torch.__version__, "deepspeed", deepspeed.__version__)' \
       || { log "$image: import check failed"; return 1; }
+    buildah run --isolation chroot --env DS_ACCELERATOR=cuda "$ctr" -- python3 -c "$(cat trainer_image/imagebuild/check_image.py)" \
+      || { log "$image: trainer_image/imagebuild/check_image.py failed"; return 1; }
   fi
 }
 
@@ -163,7 +259,13 @@ for t in "${targets[@]}"; do
   buildah rmi --force "$image" >/dev/null 2>&1 || true
 done
 if [[ " ${targets[*]} " == *" trainer "* ]]; then
-  need=${FTJOB_IMAGE_MIN_FREE_GB:-32}
+  plan_trainer_deps
+  if $TRAINER_DEPS_REUSED; then
+    need=4
+  else
+    drop_old_trainer_deps
+    need=${FTJOB_IMAGE_MIN_FREE_GB:-32}
+  fi
   store=$(buildah info --format '{{.store.GraphRoot}}' 2>/dev/null || echo /var/lib/containers/storage)
   for dir in "$store" "$BUILD_TMP"; do
     have=$(free_gb "$dir")
@@ -174,7 +276,7 @@ fi
 for t in "${targets[@]}"; do
   case $t in
     operator) build operator "$OPERATOR_IMAGE" Dockerfile ;;
-    trainer) build trainer "$TRAINER_IMAGE" trainer_image/Dockerfile "TORCH_SPEC=$TORCH_SPEC" "TORCH_INDEX_URL=$TORCH_INDEX" ;;
+    trainer) build_trainer ;;
   esac
 done
 

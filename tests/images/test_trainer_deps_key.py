@@ -1,0 +1,128 @@
+"""The trainer's dependency image is keyed by exactly its inputs (scripts/build-images.sh).
+
+Why a test: the key decides whether a build reuses the ~8 GB dependency image kept in buildah's
+store or builds it again (7-15 minutes). A key that misses an input ships dependencies that no
+longer match pyproject.toml or the Dockerfile; a key that hashes too much (the source, a linter
+setting, the source stage) reinstalls torch on every run. Fast: it hashes, it builds nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.factories import REPO_ROOT
+
+COPIED = [
+    "scripts/build-images.sh",
+    "pyproject.toml",
+    "trainer_image/Dockerfile",
+    "trainer_image/imagebuild",
+    "trainer_image/finetune_trainer",
+]
+
+
+def _checkout(tmp_path: Path) -> Path:
+    for relative in COPIED:
+        source, target = REPO_ROOT / relative, tmp_path / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, target)
+    return tmp_path
+
+
+def _key(root: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    # The script reads pyproject.toml with python3 >= 3.11: this interpreter comes first on PATH.
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return subprocess.run(
+        ["bash", str(root / "scripts/build-images.sh"), "--print-trainer-deps-key"],
+        env={**os.environ, "PATH": path, **env},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path} no longer contains {old!r}: update this test"
+    path.write_text(text.replace(old, new, 1))
+
+
+def _append(path: Path, line: str) -> None:
+    path.write_text(path.read_text() + line)
+
+
+Edit = Callable[[Path], None]
+
+UNCHANGED: dict[str, Edit] = {
+    "a source file": lambda root: _append(root / "trainer_image/finetune_trainer/loop.py", "\n# touched\n"),
+    "a pyproject setting that is no requirement": lambda root: _edit(
+        root / "pyproject.toml", "line-length = 120", "line-length = 121"
+    ),
+    "the trainer stage of the Dockerfile": lambda root: _edit(
+        root / "trainer_image/Dockerfile", "PYTHONUNBUFFERED=1", "PYTHONUNBUFFERED=0"
+    ),
+    "the image checks": lambda root: _append(root / "trainer_image/imagebuild/check_image.py", "\n# touched\n"),
+}
+
+CHANGED: dict[str, Edit] = {
+    "a trainer requirement": lambda root: _edit(root / "pyproject.toml", '"deepspeed>=0.17"', '"deepspeed>=0.18"'),
+    "a core requirement": lambda root: _edit(root / "pyproject.toml", '"kopf>=1.37"', '"kopf>=1.38"'),
+    "the build system's requirements": lambda root: _edit(
+        root / "pyproject.toml", '"setuptools>=69"', '"setuptools>=70"'
+    ),
+    "the deps stage of the Dockerfile": lambda root: _edit(
+        root / "trainer_image/Dockerfile", "libgomp1 libibverbs1", "libgomp1 libnuma1 libibverbs1"
+    ),
+    "the op build helper": lambda root: _append(root / "trainer_image/imagebuild/deps/deepspeed-ops.sh", "\n# x\n"),
+    "the compiler wrapper": lambda root: _append(root / "trainer_image/imagebuild/deps/portable-cc", "\n# x\n"),
+}
+
+
+@pytest.mark.parametrize("edit", list(UNCHANGED.values()), ids=list(UNCHANGED))
+def test_key_ignores_what_the_dependency_stage_does_not_read(tmp_path: Path, edit: Edit) -> None:
+    root = _checkout(tmp_path)
+    before = _key(root)
+    assert before.returncode == 0, before.stderr
+    edit(root)
+    after = _key(root)
+    assert after.returncode == 0, after.stderr
+    assert after.stdout == before.stdout
+
+
+@pytest.mark.parametrize("edit", list(CHANGED.values()), ids=list(CHANGED))
+def test_key_changes_with_each_input_of_the_dependency_stage(tmp_path: Path, edit: Edit) -> None:
+    root = _checkout(tmp_path)
+    before = _key(root)
+    assert before.returncode == 0, before.stderr
+    edit(root)
+    after = _key(root)
+    assert after.returncode == 0, after.stderr
+    assert len(after.stdout.strip()) == 16
+    assert after.stdout != before.stdout
+
+
+@pytest.mark.parametrize(
+    "env", [{"FTJOB_TRAINER_TORCH": "torch==2.8.0"}, {"FTJOB_TRAINER_TORCH_INDEX": "https://example.invalid/whl/cpu"}]
+)
+def test_key_changes_with_the_torch_build(tmp_path: Path, env: dict[str, str]) -> None:
+    root = _checkout(tmp_path)
+    assert _key(root).stdout != _key(root, **env).stdout
+
+
+def test_a_dockerfile_without_the_trainer_stage_is_refused(tmp_path: Path) -> None:
+    root = _checkout(tmp_path)
+    _edit(root / "trainer_image/Dockerfile", "FROM deps AS trainer", "FROM deps AS final")
+    result = _key(root)
+    assert result.returncode != 0
+    assert "has no line 'FROM deps AS trainer'" in result.stderr
