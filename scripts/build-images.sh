@@ -5,16 +5,18 @@
 # as the image's non-root user; for the trainer also trainer_image/imagebuild/check_image.py: the
 # prebuilt DeepSpeed ops, no compiler, the RDMA libraries) and prints sizes and build times.
 #
-#   scripts/build-images.sh [operator] [trainer]      (default: both)
-#   scripts/build-images.sh --print-trainer-deps-key  (the hash below, nothing built)
+#   scripts/build-images.sh [operator] [trainer]     (default: both)
+#   scripts/build-images.sh --print-deps-key IMAGE   (the hash below, nothing built)
 #
-# The trainer's dependency stage (`deps` in trainer_image/Dockerfile: system packages, the venv
-# with torch, the prebuilt ops; ~8 GB and 7-15 minutes) is kept in buildah's store as
-# localhost/finetune-trainer-deps:<hash of its inputs> and built only when that image is missing:
-# its inputs are the Dockerfile up to the `trainer` stage, trainer_image/imagebuild/deps/, the
-# requirements read from pyproject.toml, the torch spec and index, and the base image's recipe.
-# The `trainer` stage (the project's source) is built every time on top of it, in seconds.
-# Building a new dependency image removes the older ones.
+# Each Dockerfile has a `deps` stage (the trainer's: system packages, the venv with torch, the
+# prebuilt DeepSpeed ops, ~8 GB and 7-15 minutes; the operator's: a venv with its requirements)
+# that reads only the Dockerfile up to the line `FROM deps AS ...`, the helper files in
+# trainer_image/imagebuild/deps/, the requirements that requirements.py there reads from
+# pyproject.toml, the build arguments (torch spec and index) and the base image (its recipe
+# version is in its name). That stage is kept in buildah's store as
+# localhost/finetune-<image>-deps:<hash of those inputs> and built only when that image is
+# missing; building one removes the older ones of that name. The stages after it (the project's
+# source) are built every time, on top of the kept image, in seconds.
 #
 # Environment:
 #   FTJOB_CACHE_DIR      cache root (default ~/.cache/finetune-operator); the debootstrap rootfs
@@ -25,12 +27,11 @@
 #                        the host's bundle, which covers a TLS-intercepting proxy the host trusts)
 #   FTJOB_TRAINER_TORCH  pip spec of torch for the trainer image (default: the Dockerfile's CUDA 12 pin)
 #   FTJOB_TRAINER_TORCH_INDEX  index of that torch (default: PyPI)
-#   FTJOB_SUMMARY_FILE   also write the summary lines (name, size, seconds) to this file
+#   FTJOB_SUMMARY_FILE   also write the summary lines (name, size, seconds, deps) to this file
 #   FTJOB_IMAGE_MIN_FREE_GB  free disk a build of the trainer's dependency image needs (default 32:
 #                        measured peak 30 GB above the start: its rootfs, the layer blob being
 #                        committed and the image); on top of a kept one the trainer needs 4 GB
-#   FTJOB_TRAINER_DEPS   'rebuild' builds the trainer's dependency image even when one with the
-#                        same inputs is kept (default: reuse it)
+#   FTJOB_REBUILD_DEPS   1: build the dependency images even when ones with the same inputs are kept
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,12 +44,7 @@ TORCH_INDEX=${FTJOB_TRAINER_TORCH_INDEX:-}
 SUITE=bookworm
 ROOTFS_TAR="$CACHE_DIR/images/debian-$SUITE-python3-v2.tar"  # bump vN when the recipe changes
 BASE_IMAGE="localhost/finetune-base:$SUITE-python3-v2"
-OPERATOR_IMAGE="localhost/finetune-operator:$TAG"
-TRAINER_IMAGE="localhost/finetune-trainer:$TAG"
-TRAINER_FILE=trainer_image/Dockerfile
-TRAINER_DEPS_REPO=localhost/finetune-trainer-deps
-TRAINER_DEPS_DIR=trainer_image/imagebuild/deps
-TRAINER_STAGE='FROM deps AS trainer'  # the line that ends the dependency part of TRAINER_FILE
+DEPS_HELPERS=trainer_image/imagebuild/deps
 export BUILDAH_ISOLATION=chroot
 # buildah stages each layer blob (~8 GB for the trainer) under TMPDIR and leaves it behind when
 # the build is killed; a private directory, emptied at start and at exit, never accumulates them.
@@ -57,34 +53,46 @@ BUILD_TMP="$CACHE_DIR/images/tmp"
 log() { printf '\033[1m[build-images]\033[0m %s\n' "$*"; }
 die() { printf '\033[1;31m[build-images]\033[0m %s\n' "$*" >&2; exit 1; }
 
-trainer_build_args=("TORCH_SPEC=$TORCH_SPEC" "TORCH_INDEX_URL=$TORCH_INDEX")
+# Per image: its Dockerfile, the line that starts the stages after `deps`, the helper files the
+# deps stage reads, the pyproject.toml extras it installs and its build arguments.
+declare -A FILE=([operator]=Dockerfile [trainer]=trainer_image/Dockerfile)
+declare -A SOURCE_STAGE=([operator]='FROM deps AS build' [trainer]='FROM deps AS trainer')
+declare -A HELPERS=([operator]="$DEPS_HELPERS/requirements.py" [trainer]="$DEPS_HELPERS")
+declare -A EXTRAS=([operator]='' [trainer]=trainer)
+declare -A ARGS=([operator]='' [trainer]="TORCH_SPEC=$TORCH_SPEC
+TORCH_INDEX_URL=$TORCH_INDEX")
 
-# The hash of every input of the trainer's dependency stage (see the header).
-trainer_deps_key() {
-  grep -qxF "$TRAINER_STAGE" "$TRAINER_FILE" || die "$TRAINER_FILE has no line '$TRAINER_STAGE'"
+image_of() { echo "localhost/finetune-$1:$TAG"; }
+deps_repo_of() { echo "localhost/finetune-$1-deps"; }
+
+# The hash of every input of an image's deps stage (see the header).
+deps_key() {  # image
+  local name=$1 file=${FILE[$1]} stage=${SOURCE_STAGE[$1]} requirements
+  grep -qxF "$stage" "$file" || die "$file has no line '$stage'"
   command -v python3 >/dev/null || die "python3 (>= 3.11) is needed to read the requirements from pyproject.toml"
-  local requirements
-  requirements=$(python3 "$TRAINER_DEPS_DIR/requirements.py" pyproject.toml trainer) \
-    || die "reading the trainer's requirements from pyproject.toml failed"
+  # shellcheck disable=SC2086  # the extras are words
+  requirements=$(python3 "$DEPS_HELPERS/requirements.py" pyproject.toml ${EXTRAS[$name]}) \
+    || die "reading the $name image's requirements from pyproject.toml failed"
   {
-    printf '%s\n' "BASE_IMAGE=$BASE_IMAGE" "${trainer_build_args[@]}"
-    sed "/^$TRAINER_STAGE\$/q" "$TRAINER_FILE"
-    find "$TRAINER_DEPS_DIR" -type f ! -path '*/__pycache__/*' | LC_ALL=C sort | while read -r f; do
+    printf '%s\n' "BASE_IMAGE=$BASE_IMAGE" "${ARGS[$name]}"
+    sed "/^$stage\$/q" "$file"
+    find ${HELPERS[$name]} -type f ! -path '*/__pycache__/*' | LC_ALL=C sort | while read -r f; do
       printf '== %s\n' "$f"; cat "$f"
     done
     printf '%s\n' "$requirements"
   } | sha256sum | cut -c1-16
 }
 
-if [[ ${1:-} == --print-trainer-deps-key ]]; then
-  trainer_deps_key
+if [[ ${1:-} == --print-deps-key ]]; then
+  [[ -n ${FILE[${2:-}]:-} ]] || die "--print-deps-key needs an image: operator or trainer"
+  deps_key "$2"
   exit 0
 fi
 
 targets=("$@")
 ((${#targets[@]})) || targets=(operator trainer)
 for t in "${targets[@]}"; do
-  [[ $t == operator || $t == trainer ]] || die "unknown image '$t' (operator, trainer)"
+  [[ -n ${FILE[$t]:-} ]] || die "unknown image '$t' (operator, trainer)"
 done
 
 free_gb() {  # free GB on the filesystem holding $1 (its nearest existing parent)
@@ -135,74 +143,59 @@ fi
 secret=()
 [[ -s $CA_BUNDLE ]] && secret=(--secret "id=ca-bundle,src=$CA_BUNDLE")
 
-summary=()
-build_args=()  # --build-arg pairs of the image being built
-set_build_args() {
-  build_args=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
-  for a in "$@"; do build_args+=(--build-arg "$a"); done
-}
-
-build() {  # name image dockerfile [build-arg...]
-  local name=$1 image=$2 file=$3; shift 3
-  local start
-  set_build_args "$@"
-  log "building $image from $file"
-  start=$SECONDS
-  buildah build --isolation chroot --layers=false -f "$file" -t "$image" "${build_args[@]}" "${secret[@]}" . \
-    || die "building $image failed"
-  finish "$name" "$image" $((SECONDS - start)) ""
-}
-
-finish() {  # name image seconds note: check the image, then add its summary line
-  local name=$1 image=$2 seconds=$3 note=$4 size
-  check "$name" "$image"
-  size=$(buildah images --noheading --format '{{.Size}}' "$image" | head -n1)
-  summary+=("$(printf '%-9s %-40s size %-10s build %4d s%s' "$name" "$image" "$size" "$seconds" "$note")")
-}
-
-TRAINER_DEPS_IMAGE=""
-TRAINER_DEPS_REUSED=false
-plan_trainer_deps() {  # sets TRAINER_DEPS_IMAGE and TRAINER_DEPS_REUSED
-  TRAINER_DEPS_IMAGE="$TRAINER_DEPS_REPO:$(trainer_deps_key)"
-  if [[ ${FTJOB_TRAINER_DEPS:-} != rebuild ]] && buildah inspect --type image "$TRAINER_DEPS_IMAGE" >/dev/null 2>&1; then
-    TRAINER_DEPS_REUSED=true
+declare -A DEPS_IMAGE DEPS_REUSED
+plan_deps() {  # image: sets DEPS_IMAGE and DEPS_REUSED for it
+  DEPS_IMAGE[$1]="$(deps_repo_of "$1"):$(deps_key "$1")"
+  DEPS_REUSED[$1]=false
+  if [[ ${FTJOB_REBUILD_DEPS:-} != 1 ]] && buildah inspect --type image "${DEPS_IMAGE[$1]}" >/dev/null 2>&1; then
+    DEPS_REUSED[$1]=true
   fi
 }
 
-# Dependency images of other inputs: only the newest is worth its ~8 GB.
-drop_old_trainer_deps() {
+drop_old_deps() {  # image: its dependency images of other inputs (the trainer's are ~8 GB each)
   local old kept
-  kept=$(buildah images --noheading --format '{{.Name}}:{{.Tag}}' "$TRAINER_DEPS_REPO" 2>/dev/null || true)
+  kept=$(buildah images --noheading --format '{{.Name}}:{{.Tag}}' "$(deps_repo_of "$1")" 2>/dev/null || true)
   for old in $(sort -u <<<"$kept"); do
-    [[ $old != "$TRAINER_DEPS_IMAGE" ]] || continue
+    [[ $old != "${DEPS_IMAGE[$1]}" ]] || continue
     log "removing the dependency image $old (other inputs)"
     buildah rmi --force "$old" >/dev/null 2>&1 || true
   done
 }
 
-build_trainer() {
-  local start=$SECONDS deps_note final_file
-  set_build_args "${trainer_build_args[@]}"
-  if $TRAINER_DEPS_REUSED; then
-    log "dependency image $TRAINER_DEPS_IMAGE reused: its inputs are unchanged"
-    deps_note="  deps reused $TRAINER_DEPS_IMAGE"
+summary=()
+build() {  # image: the kept or a new deps stage, then the stages after it
+  local name=$1 file=${FILE[$1]} stage=${SOURCE_STAGE[$1]} image deps=${DEPS_IMAGE[$1]}
+  local start=$SECONDS source_start note rest args=(--build-arg "BASE_IMAGE=$BASE_IMAGE") a
+  image=$(image_of "$name")
+  while read -r a; do [[ -z $a ]] || args+=(--build-arg "$a"); done <<<"${ARGS[$name]}"
+  if ${DEPS_REUSED[$name]}; then
+    log "dependency image $deps reused: its inputs are unchanged"
+    note="deps reused $deps"
   else
-    buildah rmi --force "$TRAINER_DEPS_IMAGE" >/dev/null 2>&1 || true
-    log "building the dependency image $TRAINER_DEPS_IMAGE (stage deps of $TRAINER_FILE)"
-    buildah build --isolation chroot --layers=false -f "$TRAINER_FILE" --target deps -t "$TRAINER_DEPS_IMAGE" \
-      "${build_args[@]}" "${secret[@]}" . || die "building $TRAINER_DEPS_IMAGE failed"
-    log "dependency image $TRAINER_DEPS_IMAGE built in $((SECONDS - start)) s"
-    deps_note="  deps built in $((SECONDS - start)) s as $TRAINER_DEPS_IMAGE"
+    buildah rmi --force "$deps" >/dev/null 2>&1 || true
+    log "building the dependency image $deps (stage deps of $file)"
+    buildah build --isolation chroot --layers=false -f "$file" --target deps -t "$deps" \
+      "${args[@]}" "${secret[@]}" . || die "building $deps failed"
+    log "dependency image $deps built in $((SECONDS - start)) s"
+    note="deps built in $((SECONDS - start)) s as $deps"
   fi
-  # The `trainer` stage of the same file, on the kept dependency image.
-  final_file="$BUILD_TMP/trainer.Containerfile"
-  { echo "FROM $TRAINER_DEPS_IMAGE"; sed "1,/^$TRAINER_STAGE\$/d" "$TRAINER_FILE"; } >"$final_file"
-  log "building $TRAINER_IMAGE: stage trainer of $TRAINER_FILE on $TRAINER_DEPS_IMAGE"
-  local final_start=$SECONDS
-  buildah build --isolation chroot --layers=false -f "$final_file" -t "$TRAINER_IMAGE" "${secret[@]}" . \
-    || die "building $TRAINER_IMAGE failed"
-  log "$TRAINER_IMAGE: source layer built in $((SECONDS - final_start)) s"
-  finish trainer "$TRAINER_IMAGE" $((SECONDS - start)) "$deps_note"
+  # The same file from the line `FROM deps AS ...` on, with `deps` the kept image: the global
+  # ARGs before the first FROM, then that stage starting from the kept image, then the rest.
+  rest="$BUILD_TMP/$name.Containerfile"
+  {
+    sed -n '/^FROM /q; /^ARG /p' "$file"
+    echo "FROM $deps AS ${stage##* }"
+    sed "1,/^$stage\$/d" "$file"
+  } >"$rest"
+  log "building $image: the stages after deps in $file, on $deps"
+  source_start=$SECONDS
+  buildah build --isolation chroot --layers=false -f "$rest" -t "$image" "${args[@]}" "${secret[@]}" . \
+    || die "building $image failed"
+  log "$image: source layer built in $((SECONDS - source_start)) s"
+  check "$name" "$image"
+  local size
+  size=$(buildah images --noheading --format '{{.Size}}' "$image" | head -n1)
+  summary+=("$(printf '%-9s %-40s size %-10s build %4d s  %s' "$name" "$image" "$size" $((SECONDS - start)) "$note")")
 }
 
 check() {  # name image: run as the image's own (non-root) user, chroot isolation
@@ -238,8 +231,9 @@ print("trainer imports ok: torch", torch.__version__, "deepspeed", deepspeed.__v
   fi
 }
 
-# Keep buildah's store from growing run after run (a trainer image is ~7 GB): drop working
-# containers left by interrupted builds, and images that lost their tag to a newer build.
+# Keep buildah's store from growing run after run (a trainer image is ~8 GB): drop working
+# containers left by interrupted builds, and images that lost their tag to a newer build. The
+# dependency images keep their tags: they are the cache, and drop_old_deps bounds them.
 prune() {
   buildah rm --all >/dev/null 2>&1 || true
   buildah rmi --prune >/dev/null 2>&1 || true
@@ -254,18 +248,13 @@ export TMPDIR=$BUILD_TMP
 # the peak is one trainer image, not two. Then say plainly when the disk is too small, instead of
 # failing with ENOSPC in the middle of a commit.
 for t in "${targets[@]}"; do
-  image=$OPERATOR_IMAGE
-  [[ $t == trainer ]] && image=$TRAINER_IMAGE
-  buildah rmi --force "$image" >/dev/null 2>&1 || true
+  buildah rmi --force "$(image_of "$t")" >/dev/null 2>&1 || true
+  plan_deps "$t"
+  ${DEPS_REUSED[$t]} || drop_old_deps "$t"
 done
 if [[ " ${targets[*]} " == *" trainer "* ]]; then
-  plan_trainer_deps
-  if $TRAINER_DEPS_REUSED; then
-    need=4
-  else
-    drop_old_trainer_deps
-    need=${FTJOB_IMAGE_MIN_FREE_GB:-32}
-  fi
+  need=4
+  ${DEPS_REUSED[trainer]} || need=${FTJOB_IMAGE_MIN_FREE_GB:-32}
   store=$(buildah info --format '{{.store.GraphRoot}}' 2>/dev/null || echo /var/lib/containers/storage)
   for dir in "$store" "$BUILD_TMP"; do
     have=$(free_gb "$dir")
@@ -274,10 +263,7 @@ if [[ " ${targets[*]} " == *" trainer "* ]]; then
 fi
 
 for t in "${targets[@]}"; do
-  case $t in
-    operator) build operator "$OPERATOR_IMAGE" Dockerfile ;;
-    trainer) build_trainer ;;
-  esac
+  build "$t"
 done
 
 prune

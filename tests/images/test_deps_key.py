@@ -1,9 +1,10 @@
-"""The trainer's dependency image is keyed by exactly its inputs (scripts/build-images.sh).
+"""Each image's dependency stage is keyed by exactly its inputs (scripts/build-images.sh).
 
-Why a test: the key decides whether a build reuses the ~8 GB dependency image kept in buildah's
-store or builds it again (7-15 minutes). A key that misses an input ships dependencies that no
-longer match pyproject.toml or the Dockerfile; a key that hashes too much (the source, a linter
-setting, the source stage) reinstalls torch on every run. Fast: it hashes, it builds nothing.
+Why a test: the key decides whether a build reuses the dependency image kept in buildah's store
+(the trainer's is ~8 GB) or builds it again (7-15 minutes for the trainer). A key that misses
+an input ships dependencies that no longer match pyproject.toml or the Dockerfile; a key that
+hashes too much (the source, a linter setting, the source stage) reinstalls torch on every run.
+Fast: it hashes, it builds nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from tests.factories import REPO_ROOT
 COPIED = [
     "scripts/build-images.sh",
     "pyproject.toml",
+    "Dockerfile",
+    "operator/finetune_operator/__init__.py",
     "trainer_image/Dockerfile",
     "trainer_image/imagebuild",
     "trainer_image/finetune_trainer",
@@ -39,11 +42,11 @@ def _checkout(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _key(root: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def _key(root: Path, image: str = "trainer", **env: str) -> subprocess.CompletedProcess[str]:
     # The script reads pyproject.toml with python3 >= 3.11: this interpreter comes first on PATH.
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     return subprocess.run(
-        ["bash", str(root / "scripts/build-images.sh"), "--print-trainer-deps-key"],
+        ["bash", str(root / "scripts/build-images.sh"), "--print-deps-key", image],
         env={**os.environ, "PATH": path, **env},
         capture_output=True,
         text=True,
@@ -126,3 +129,39 @@ def test_a_dockerfile_without_the_trainer_stage_is_refused(tmp_path: Path) -> No
     result = _key(root)
     assert result.returncode != 0
     assert "has no line 'FROM deps AS trainer'" in result.stderr
+
+
+OPERATOR_UNCHANGED: dict[str, Edit] = {
+    "an operator source file": lambda root: _append(root / "operator/finetune_operator/__init__.py", "\n# x\n"),
+    "a trainer requirement": CHANGED["a trainer requirement"],
+    "the op build helper": CHANGED["the op build helper"],
+    "the trainer's Dockerfile": CHANGED["the deps stage of the Dockerfile"],
+    "the build stage of the operator's Dockerfile": lambda root: _edit(
+        root / "Dockerfile", "kubernetes/aio; \\", "kubernetes/aio /tmp/x; \\"
+    ),
+}
+OPERATOR_CHANGED: dict[str, Edit] = {
+    "a core requirement": CHANGED["a core requirement"],
+    "the deps stage of the operator's Dockerfile": lambda root: _edit(
+        root / "Dockerfile", "rm -f /tmp/requirements.txt", "rm -rf /tmp/requirements.txt"
+    ),
+    "the requirements reader": lambda root: _append(root / "trainer_image/imagebuild/deps/requirements.py", "\n# x\n"),
+}
+
+
+@pytest.mark.parametrize(
+    ("edit", "changes"),
+    [*((edit, False) for edit in OPERATOR_UNCHANGED.values()), *((edit, True) for edit in OPERATOR_CHANGED.values())],
+    ids=[
+        *(f"unchanged by {name}" for name in OPERATOR_UNCHANGED),
+        *(f"changed by {name}" for name in OPERATOR_CHANGED),
+    ],
+)
+def test_operator_key_follows_only_its_own_inputs(tmp_path: Path, edit: Edit, changes: bool) -> None:
+    root = _checkout(tmp_path)
+    before = _key(root, "operator")
+    assert before.returncode == 0, before.stderr
+    edit(root)
+    after = _key(root, "operator")
+    assert after.returncode == 0, after.stderr
+    assert (after.stdout != before.stdout) is changes
