@@ -27,7 +27,8 @@ wrappers=$(mktemp -d)
 install -m 755 "$here/portable-cc" "$wrappers/portable-cc"
 for name in cc c++ gcc g++ x86_64-linux-gnu-gcc x86_64-linux-gnu-g++; do ln -s portable-cc "$wrappers/$name"; done
 echo "deepspeed-ops.sh: building cpu_adam, async_io and pin_memory of deepspeed $version for -march=${OPS_MARCH:-x86-64-v3}"
-PATH="$wrappers:$PATH" DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_AIO=1 \
+# The venv's bin for ninja (parallel compiles), ahead of it the compiler wrappers.
+PATH="$wrappers:$venv/bin:$PATH" DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_AIO=1 \
   DS_ENABLE_NINJA=1 MAX_JOBS="$(nproc)" LDFLAGS=-laio \
   "$venv/bin/pip" install --no-deps --no-build-isolation --force-reinstall --no-binary deepspeed "deepspeed==$version"
 rm -rf "$wrappers"
@@ -41,7 +42,8 @@ assert built == ["async_io", "cpu_adam", "pin_memory"], built
 print("deepspeed-ops.sh: installed", built, "for", accelerator_name, "with torch", torch_info)
 PY
 
-ops=$("$venv/bin/python" -c 'import deepspeed, os; print(os.path.dirname(deepspeed.__file__))')/ops
+# Found without importing deepspeed, which logs its accelerator to stdout.
+ops=$("$venv/bin/python" -c 'import importlib.util as u; print(u.find_spec("deepspeed").submodule_search_locations[0])')/ops
 found=0
 for so in "$ops"/adam/cpu_adam_op*.so "$ops"/aio/async_io_op*.so "$ops"/pin_memory/pin_memory_op*.so; do
   [ -f "$so" ] || { echo "deepspeed-ops.sh: missing $so" >&2; exit 1; }
