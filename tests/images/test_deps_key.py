@@ -10,6 +10,7 @@ Fast: it hashes, it builds nothing.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -92,35 +93,44 @@ CHANGED: dict[str, Edit] = {
 }
 
 
-@pytest.mark.parametrize("edit", list(UNCHANGED.values()), ids=list(UNCHANGED))
-def test_key_ignores_what_the_dependency_stage_does_not_read(tmp_path: Path, edit: Edit) -> None:
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Each image's key for the repository as it is."""
+    root = _checkout(tmp_path_factory.mktemp("pristine"))
+    keys = {image: _key(root, image) for image in ("operator", "trainer")}
+    for result in keys.values():
+        assert result.returncode == 0, result.stderr
+        assert re.fullmatch(r"[0-9a-f]{16}\n", result.stdout), result.stdout
+    return {image: result.stdout for image, result in keys.items()}
+
+
+def _key_after(tmp_path: Path, edit: Edit, image: str = "trainer") -> str:
     root = _checkout(tmp_path)
-    before = _key(root)
-    assert before.returncode == 0, before.stderr
     edit(root)
-    after = _key(root)
-    assert after.returncode == 0, after.stderr
-    assert after.stdout == before.stdout
+    result = _key(root, image)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("edit", list(UNCHANGED.values()), ids=list(UNCHANGED))
+def test_key_ignores_what_the_dependency_stage_does_not_read(
+    tmp_path: Path, edit: Edit, pristine: dict[str, str]
+) -> None:
+    assert _key_after(tmp_path, edit) == pristine["trainer"]
 
 
 @pytest.mark.parametrize("edit", list(CHANGED.values()), ids=list(CHANGED))
-def test_key_changes_with_each_input_of_the_dependency_stage(tmp_path: Path, edit: Edit) -> None:
-    root = _checkout(tmp_path)
-    before = _key(root)
-    assert before.returncode == 0, before.stderr
-    edit(root)
-    after = _key(root)
-    assert after.returncode == 0, after.stderr
-    assert len(after.stdout.strip()) == 16
-    assert after.stdout != before.stdout
+def test_key_changes_with_each_input_of_the_dependency_stage(
+    tmp_path: Path, edit: Edit, pristine: dict[str, str]
+) -> None:
+    assert _key_after(tmp_path, edit) != pristine["trainer"]
 
 
 @pytest.mark.parametrize(
     "env", [{"FTJOB_TRAINER_TORCH": "torch==2.8.0"}, {"FTJOB_TRAINER_TORCH_INDEX": "https://example.invalid/whl/cpu"}]
 )
-def test_key_changes_with_the_torch_build(tmp_path: Path, env: dict[str, str]) -> None:
-    root = _checkout(tmp_path)
-    assert _key(root).stdout != _key(root, **env).stdout
+def test_key_changes_with_the_torch_build(tmp_path: Path, env: dict[str, str], pristine: dict[str, str]) -> None:
+    assert _key(_checkout(tmp_path), **env).stdout != pristine["trainer"]
 
 
 def test_a_dockerfile_without_the_trainer_stage_is_refused(tmp_path: Path) -> None:
@@ -157,11 +167,7 @@ OPERATOR_CHANGED: dict[str, Edit] = {
         *(f"changed by {name}" for name in OPERATOR_CHANGED),
     ],
 )
-def test_operator_key_follows_only_its_own_inputs(tmp_path: Path, edit: Edit, changes: bool) -> None:
-    root = _checkout(tmp_path)
-    before = _key(root, "operator")
-    assert before.returncode == 0, before.stderr
-    edit(root)
-    after = _key(root, "operator")
-    assert after.returncode == 0, after.stderr
-    assert (after.stdout != before.stdout) is changes
+def test_operator_key_follows_only_its_own_inputs(
+    tmp_path: Path, edit: Edit, changes: bool, pristine: dict[str, str]
+) -> None:
+    assert (_key_after(tmp_path, edit, "operator") != pristine["operator"]) is changes
