@@ -13,8 +13,10 @@
 # JIT build on a node that has no nvcc. Two adjustments, each checked below:
 #   - portable-cc (beside this file) fixes the CPU level: DeepSpeed would compile for the build
 #     machine's CPU (-march=native), which can be newer than a GPU node's.
-#   - LDFLAGS=-laio: DeepSpeed's CUDA async_io builder links libaio only when it finds a CUDA
-#     toolkit; without it the op would not import (undefined symbol io_submit).
+#   - LDFLAGS links libaio: DeepSpeed's CUDA async_io builder links it only when it finds a CUDA
+#     toolkit; without it the op would not import (undefined symbol io_submit). LDFLAGS come
+#     before the objects, and Debian's gcc links --as-needed by default, which would drop a
+#     library named before the objects that use it: hence --no-as-needed.
 # Needs a C++ compiler, Python's headers, libaio-dev and binutils; the caller removes them.
 set -eu
 venv=$1
@@ -29,7 +31,7 @@ for name in cc c++ gcc g++ x86_64-linux-gnu-gcc x86_64-linux-gnu-g++; do ln -s p
 echo "deepspeed-ops.sh: building cpu_adam, async_io and pin_memory of deepspeed $version for -march=${OPS_MARCH:-x86-64-v3}"
 # The venv's bin for ninja (parallel compiles), ahead of it the compiler wrappers.
 PATH="$wrappers:$venv/bin:$PATH" DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_AIO=1 \
-  DS_ENABLE_NINJA=1 MAX_JOBS="$(nproc)" LDFLAGS=-laio \
+  DS_ENABLE_NINJA=1 MAX_JOBS="$(nproc)" LDFLAGS="-Wl,--no-as-needed -laio" \
   "$venv/bin/pip" install --no-deps --no-build-isolation --force-reinstall --no-binary deepspeed "deepspeed==$version"
 rm -rf "$wrappers"
 
