@@ -2,19 +2,33 @@
 #
 # BASE_IMAGE needs python3 (>= 3.11) with the venv module; scripts/build-images.sh passes a
 # Debian bookworm rootfs made by debootstrap, anything like python:3.11-slim works too.
-# Two stages so pip, its cache and the source tree stay out of the final image.
+# Three stages. `deps` is a venv with the requirements that trainer_image/imagebuild/deps/
+# requirements.py reads from pyproject.toml: scripts/build-images.sh keeps it in buildah's store
+# under a hash of its inputs and builds it only when they change. `build` adds the source; the
+# last stage copies the venv alone, so pip, its cache and the source tree stay out of the image.
 ARG BASE_IMAGE=docker.io/library/python:3.11-slim
 
-FROM ${BASE_IMAGE} AS build
-COPY pyproject.toml README.md /src/
-COPY operator /src/operator
+FROM ${BASE_IMAGE} AS deps
 # A TLS-intercepting proxy's CA can be passed as the secret `ca-bundle`; it never lands in a layer.
 RUN --mount=type=secret,id=ca-bundle \
+    --mount=type=bind,source=pyproject.toml,target=/tmp/deps/pyproject.toml \
+    --mount=type=bind,source=trainer_image/imagebuild/deps/requirements.py,target=/tmp/deps/requirements.py \
     set -eu; \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi; \
     python3 -m venv /opt/ftjob; \
-    /opt/ftjob/bin/pip install --no-cache-dir --disable-pip-version-check /src; \
-    /opt/ftjob/bin/pip uninstall --yes --quiet pip setuptools; \
+    python3 /tmp/deps/requirements.py /tmp/deps/pyproject.toml > /tmp/requirements.txt; \
+    /opt/ftjob/bin/pip install --no-cache-dir --disable-pip-version-check --requirement /tmp/requirements.txt; \
+    rm -f /tmp/requirements.txt
+
+# The source, without dependencies (deps has them; pip check says if the source asks for one it
+# lacks) and without build isolation (deps has the build backend).
+FROM deps AS build
+COPY pyproject.toml README.md /src/
+COPY operator /src/operator
+RUN set -eu; \
+    /opt/ftjob/bin/pip install --quiet --no-cache-dir --disable-pip-version-check --no-deps --no-build-isolation --no-index /src; \
+    if /opt/ftjob/bin/pip check | grep -i '^finetune-operator '; then echo "the deps stage lacks a requirement of the source (above)" >&2; exit 1; fi; \
+    /opt/ftjob/bin/pip uninstall --yes --quiet pip setuptools wheel; \
     # kubernetes>=35 bundles an asyncio copy of the client (~70 MB) that neither the operator
     # nor kopf imports; the import check in scripts/build-images.sh guards this.
     rm -rf /opt/ftjob/lib/python3*/site-packages/kubernetes/aio; \

@@ -2,9 +2,21 @@
 # Builds the operator and trainer images for real, with buildah (chroot isolation: no daemon,
 # no user namespaces needed) on a Debian bookworm base made by debootstrap (no registry needed),
 # then checks each image from the inside (`ftjob --help` and an import check, via buildah run
-# as the image's non-root user) and prints sizes and build times.
+# as the image's non-root user; for the trainer also trainer_image/imagebuild/check_image.py: the
+# prebuilt DeepSpeed ops, no compiler, the RDMA libraries) and prints sizes and build times.
 #
-#   scripts/build-images.sh [operator] [trainer]      (default: both)
+#   scripts/build-images.sh [operator] [trainer]     (default: both)
+#   scripts/build-images.sh --print-deps-key IMAGE   (the hash below, nothing built)
+#
+# Each Dockerfile has a `deps` stage (the trainer's: system packages, the venv with torch, the
+# prebuilt DeepSpeed ops, ~8 GB and 7-15 minutes; the operator's: a venv with its requirements)
+# that reads only the Dockerfile up to the line `FROM deps AS ...`, the helper files in
+# trainer_image/imagebuild/deps/, the requirements that requirements.py there reads from
+# pyproject.toml, the build arguments (torch spec and index) and the base image (its recipe
+# version is in its name). That stage is kept in buildah's store as
+# localhost/finetune-<image>-deps:<hash of those inputs> and built only when that image is
+# missing; building one removes the older ones of that name. The stages after it (the project's
+# source) are built every time, on top of the kept image, in seconds.
 #
 # Environment:
 #   FTJOB_CACHE_DIR      cache root (default ~/.cache/finetune-operator); the debootstrap rootfs
@@ -15,9 +27,11 @@
 #                        the host's bundle, which covers a TLS-intercepting proxy the host trusts)
 #   FTJOB_TRAINER_TORCH  pip spec of torch for the trainer image (default: the Dockerfile's CUDA 12 pin)
 #   FTJOB_TRAINER_TORCH_INDEX  index of that torch (default: PyPI)
-#   FTJOB_SUMMARY_FILE   also write the summary lines (name, size, seconds) to this file
-#   FTJOB_IMAGE_MIN_FREE_GB  free disk the trainer build needs (default 32: measured peak 30 GB
-#                        above the start: its rootfs, the layer blob being committed and the image)
+#   FTJOB_SUMMARY_FILE   also write the summary lines (name, size, seconds, deps) to this file
+#   FTJOB_IMAGE_MIN_FREE_GB  free disk a build of the trainer's dependency image needs (default 32:
+#                        measured peak 30 GB above the start: its rootfs, the layer blob being
+#                        committed and the image); on top of a kept one the trainer needs 4 GB
+#   FTJOB_REBUILD_DEPS   1: build the dependency images even when ones with the same inputs are kept
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,8 +44,7 @@ TORCH_INDEX=${FTJOB_TRAINER_TORCH_INDEX:-}
 SUITE=bookworm
 ROOTFS_TAR="$CACHE_DIR/images/debian-$SUITE-python3-v2.tar"  # bump vN when the recipe changes
 BASE_IMAGE="localhost/finetune-base:$SUITE-python3-v2"
-OPERATOR_IMAGE="localhost/finetune-operator:$TAG"
-TRAINER_IMAGE="localhost/finetune-trainer:$TAG"
+DEPS_HELPERS=trainer_image/imagebuild/deps
 export BUILDAH_ISOLATION=chroot
 # buildah stages each layer blob (~8 GB for the trainer) under TMPDIR and leaves it behind when
 # the build is killed; a private directory, emptied at start and at exit, never accumulates them.
@@ -40,10 +53,46 @@ BUILD_TMP="$CACHE_DIR/images/tmp"
 log() { printf '\033[1m[build-images]\033[0m %s\n' "$*"; }
 die() { printf '\033[1;31m[build-images]\033[0m %s\n' "$*" >&2; exit 1; }
 
+# Per image: its Dockerfile, the line that starts the stages after `deps`, the helper files the
+# deps stage reads, the pyproject.toml extras it installs and its build arguments.
+declare -A FILE=([operator]=Dockerfile [trainer]=trainer_image/Dockerfile)
+declare -A SOURCE_STAGE=([operator]='FROM deps AS build' [trainer]='FROM deps AS trainer')
+declare -A HELPERS=([operator]="$DEPS_HELPERS/requirements.py" [trainer]="$DEPS_HELPERS")
+declare -A EXTRAS=([operator]='' [trainer]=trainer)
+declare -A ARGS=([operator]='' [trainer]="TORCH_SPEC=$TORCH_SPEC
+TORCH_INDEX_URL=$TORCH_INDEX")
+
+image_of() { echo "localhost/finetune-$1:$TAG"; }
+deps_repo_of() { echo "localhost/finetune-$1-deps"; }
+
+# The hash of every input of an image's deps stage (see the header).
+deps_key() {  # image
+  local name=$1 file=${FILE[$1]} stage=${SOURCE_STAGE[$1]} requirements
+  grep -qxF "$stage" "$file" || die "$file has no line '$stage'"
+  command -v python3 >/dev/null || die "python3 (>= 3.11) is needed to read the requirements from pyproject.toml"
+  # shellcheck disable=SC2086  # the extras are words
+  requirements=$(python3 "$DEPS_HELPERS/requirements.py" pyproject.toml ${EXTRAS[$name]}) \
+    || die "reading the $name image's requirements from pyproject.toml failed"
+  {
+    printf '%s\n' "BASE_IMAGE=$BASE_IMAGE" "${ARGS[$name]}"
+    sed "/^$stage\$/q" "$file"
+    find ${HELPERS[$name]} -type f ! -path '*/__pycache__/*' | LC_ALL=C sort | while read -r f; do
+      printf '== %s\n' "$f"; cat "$f"
+    done
+    printf '%s\n' "$requirements"
+  } | sha256sum | cut -c1-16
+}
+
+if [[ ${1:-} == --print-deps-key ]]; then
+  [[ -n ${FILE[${2:-}]:-} ]] || die "--print-deps-key needs an image: operator or trainer"
+  deps_key "$2"
+  exit 0
+fi
+
 targets=("$@")
 ((${#targets[@]})) || targets=(operator trainer)
 for t in "${targets[@]}"; do
-  [[ $t == operator || $t == trainer ]] || die "unknown image '$t' (operator, trainer)"
+  [[ -n ${FILE[$t]:-} ]] || die "unknown image '$t' (operator, trainer)"
 done
 
 free_gb() {  # free GB on the filesystem holding $1 (its nearest existing parent)
@@ -94,21 +143,59 @@ fi
 secret=()
 [[ -s $CA_BUNDLE ]] && secret=(--secret "id=ca-bundle,src=$CA_BUNDLE")
 
+declare -A DEPS_IMAGE DEPS_REUSED
+plan_deps() {  # image: sets DEPS_IMAGE and DEPS_REUSED for it
+  DEPS_IMAGE[$1]="$(deps_repo_of "$1"):$(deps_key "$1")"
+  DEPS_REUSED[$1]=false
+  if [[ ${FTJOB_REBUILD_DEPS:-} != 1 ]] && buildah inspect --type image "${DEPS_IMAGE[$1]}" >/dev/null 2>&1; then
+    DEPS_REUSED[$1]=true
+  fi
+}
+
+drop_old_deps() {  # image: its dependency images of other inputs (the trainer's are ~8 GB each)
+  local old kept
+  kept=$(buildah images --noheading --format '{{.Name}}:{{.Tag}}' "$(deps_repo_of "$1")" 2>/dev/null || true)
+  for old in $(sort -u <<<"$kept"); do
+    [[ $old != "${DEPS_IMAGE[$1]}" ]] || continue
+    log "removing the dependency image $old (other inputs)"
+    buildah rmi --force "$old" >/dev/null 2>&1 || true
+  done
+}
+
 summary=()
-build() {  # name image dockerfile [build-arg...]
-  local name=$1 image=$2 file=$3; shift 3
-  local args=() start
-  for a in "$@"; do args+=(--build-arg "$a"); done
-  log "building $image from $file"
-  start=$SECONDS
-  buildah build --isolation chroot --layers=false -f "$file" -t "$image" \
-    --build-arg "BASE_IMAGE=$BASE_IMAGE" "${args[@]}" "${secret[@]}" . \
+build() {  # image: the kept or a new deps stage, then the stages after it
+  local name=$1 file=${FILE[$1]} stage=${SOURCE_STAGE[$1]} image deps=${DEPS_IMAGE[$1]}
+  local start=$SECONDS source_start note rest args=(--build-arg "BASE_IMAGE=$BASE_IMAGE") a
+  image=$(image_of "$name")
+  while read -r a; do [[ -z $a ]] || args+=(--build-arg "$a"); done <<<"${ARGS[$name]}"
+  if ${DEPS_REUSED[$name]}; then
+    log "dependency image $deps reused: its inputs are unchanged"
+    note="deps reused $deps"
+  else
+    buildah rmi --force "$deps" >/dev/null 2>&1 || true
+    log "building the dependency image $deps (stage deps of $file)"
+    buildah build --isolation chroot --layers=false -f "$file" --target deps -t "$deps" \
+      "${args[@]}" "${secret[@]}" . || die "building $deps failed"
+    log "dependency image $deps built in $((SECONDS - start)) s"
+    note="deps built in $((SECONDS - start)) s as $deps"
+  fi
+  # The same file from the line `FROM deps AS ...` on, with `deps` the kept image: the global
+  # ARGs before the first FROM, then that stage starting from the kept image, then the rest.
+  rest="$BUILD_TMP/$name.Containerfile"
+  {
+    sed -n '/^FROM /q; /^ARG /p' "$file"
+    echo "FROM $deps AS ${stage##* }"
+    sed "1,/^$stage\$/d" "$file"
+  } >"$rest"
+  log "building $image: the stages after deps in $file, on $deps"
+  source_start=$SECONDS
+  buildah build --isolation chroot --layers=false -f "$rest" -t "$image" "${args[@]}" "${secret[@]}" . \
     || die "building $image failed"
-  local seconds=$((SECONDS - start))
+  log "$image: source layer built in $((SECONDS - source_start)) s"
   check "$name" "$image"
   local size
   size=$(buildah images --noheading --format '{{.Size}}' "$image" | head -n1)
-  summary+=("$(printf '%-9s %-40s size %-10s build %4d s' "$name" "$image" "$size" "$seconds")")
+  summary+=("$(printf '%-9s %-40s size %-10s build %4d s  %s' "$name" "$image" "$size" $((SECONDS - start)) "$note")")
 }
 
 check() {  # name image: run as the image's own (non-root) user, chroot isolation
@@ -139,11 +226,14 @@ print("operator imports ok, torch-free")' || { log "$image: import check failed"
 import torch, deepspeed, peft, transformers, bitsandbytes, datasets, finetune_trainer
 print("trainer imports ok: torch", torch.__version__, "deepspeed", deepspeed.__version__)' \
       || { log "$image: import check failed"; return 1; }
+    buildah run --isolation chroot --env DS_ACCELERATOR=cuda "$ctr" -- python3 -c "$(cat trainer_image/imagebuild/check_image.py)" \
+      || { log "$image: trainer_image/imagebuild/check_image.py failed"; return 1; }
   fi
 }
 
-# Keep buildah's store from growing run after run (a trainer image is ~7 GB): drop working
-# containers left by interrupted builds, and images that lost their tag to a newer build.
+# Keep buildah's store from growing run after run (a trainer image is ~8 GB): drop working
+# containers left by interrupted builds, and images that lost their tag to a newer build. The
+# dependency images keep their tags: they are the cache, and drop_old_deps bounds them.
 prune() {
   buildah rm --all >/dev/null 2>&1 || true
   buildah rmi --prune >/dev/null 2>&1 || true
@@ -158,12 +248,13 @@ export TMPDIR=$BUILD_TMP
 # the peak is one trainer image, not two. Then say plainly when the disk is too small, instead of
 # failing with ENOSPC in the middle of a commit.
 for t in "${targets[@]}"; do
-  image=$OPERATOR_IMAGE
-  [[ $t == trainer ]] && image=$TRAINER_IMAGE
-  buildah rmi --force "$image" >/dev/null 2>&1 || true
+  buildah rmi --force "$(image_of "$t")" >/dev/null 2>&1 || true
+  plan_deps "$t"
+  ${DEPS_REUSED[$t]} || drop_old_deps "$t"
 done
 if [[ " ${targets[*]} " == *" trainer "* ]]; then
-  need=${FTJOB_IMAGE_MIN_FREE_GB:-32}
+  need=4
+  ${DEPS_REUSED[trainer]} || need=${FTJOB_IMAGE_MIN_FREE_GB:-32}
   store=$(buildah info --format '{{.store.GraphRoot}}' 2>/dev/null || echo /var/lib/containers/storage)
   for dir in "$store" "$BUILD_TMP"; do
     have=$(free_gb "$dir")
@@ -172,10 +263,7 @@ if [[ " ${targets[*]} " == *" trainer "* ]]; then
 fi
 
 for t in "${targets[@]}"; do
-  case $t in
-    operator) build operator "$OPERATOR_IMAGE" Dockerfile ;;
-    trainer) build trainer "$TRAINER_IMAGE" trainer_image/Dockerfile "TORCH_SPEC=$TORCH_SPEC" "TORCH_INDEX_URL=$TORCH_INDEX" ;;
-  esac
+  build "$t"
 done
 
 prune
