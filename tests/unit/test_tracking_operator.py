@@ -18,7 +18,7 @@ from finetune_operator.reconcile.tracking import TrackingReport, parse_report
 from finetune_operator.render.manifests import gang_hash, render_all
 from finetune_operator.render.options import RenderOptions
 from tests.factories import job_document, make_job
-from tests.unit.test_lifecycle import NOW, exited, job_with, pod, reasons, run, step
+from tests.support.lifecycle import NOW, exited, job_with, pod, reasons, run, step
 
 URI = "http://mlflow.mlflow.svc:5000"
 
