@@ -57,8 +57,9 @@ def _is_zero3(param: Any) -> bool:
 
 def _partitioned(param: Any) -> bool:
     """Whether DeepSpeed's `safe_*_full_*` accessors reach this parameter's master and moments
-    (ZeRO 1-3 and `BF16_Optimizer` map each parameter onto their fp32 partitions)."""
-    return _is_zero3(param) or getattr(param, "_hp_mapping", None) is not None
+    (ZeRO 1-3 and `BF16_Optimizer` map each parameter onto their fp32 partitions; a rank that
+    holds no fragment of it has the attribute too, set to None, and takes part with zeros)."""
+    return _is_zero3(param) or hasattr(param, "_hp_mapping")
 
 
 @dataclass(frozen=True)
