@@ -27,11 +27,12 @@ rounding, 8 significant bits (a rounding is up to 2^-9 = 2e-3 of the value): the
 are summed in bf16 in another order, so after one step the masters of two strategies differ in
 their last fp32 bits, and wherever that moves a weight across a bf16 rounding boundary its
 bf16 copy differs by a whole bf16 step; ZeRO-3's linear layers (its own matmul) round other
-elements than torch's linear. Over the three bf16 chains the loss moved by at most 1.3e-4 on
-losses of 4 to 6.3 (2.1e-5 relative; half the compared steps agree exactly). 1e-4 is five times
-that, and still ten times below the 1e-3 a wrong weight, a zeroed moment or a restarted LR
-warm-up produce on this model (those errors are in the algorithm, not in the rounding, so bf16
-does not shrink them).
+elements than torch's linear. Measured (ZeRO-0 -> ZeRO-2, the step after the one the resume
+repeats): 1.9e-4 on a loss of 6.0 (3.1e-5 relative); over the three bf16 chains at most 1.3e-4
+on losses of 4 to 6.3, and half the compared steps agree exactly. The subtlest error the chain
+must catch moves that step by ten times as much: an Adam step count off by one (ZeRO-0's 16-bit
+wrappers count an extra all-zero step at build) by 1.8e-3 (3.0e-4 relative), zeroed moments by
+9.1e-3, a restarted LR warm-up by 2.4e-2. 1e-4 lies between the two, a factor of three from each.
 """
 
 from __future__ import annotations
