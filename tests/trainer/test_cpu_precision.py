@@ -72,3 +72,16 @@ def test_an_fp16_job_runs_and_saves_on_this_cpu_and_says_how(
     assert f"{computed} on CPU (optimizer FP16_UnfusedOptimizer)" in log, log[-3000:]
     assert (computed == "bf16") == (modeling.CPU_FP16_FALLBACK in log)
     assert (out / "checkpoints" / "step-00000001" / "trainable_state.pt").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_qlora_on_cpu_computes_in_the_jobs_precision(tiny_model_dir: Path) -> None:
+    """The 4-bit layers dequantise to bf16 on CPU as on a GPU (they computed in fp32 before)."""
+    import torch
+    from bitsandbytes.nn.modules import Linear4bit
+
+    from .test_qlora_layout import _qlora_model
+
+    layers = [m for m in _qlora_model(tiny_model_dir).modules() if isinstance(m, Linear4bit)]
+    assert layers and {layer.compute_dtype for layer in layers} == {torch.bfloat16}
