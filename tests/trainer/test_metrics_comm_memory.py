@@ -149,3 +149,30 @@ def test_model_state_counts_real_tensors_once(single_rank_group: None) -> None:
     # Adam: exp_avg and exp_avg_sq per trainable tensor, plus a 4-byte step counter each.
     assert states["optimizer_states/cpu/true"] == 2 * (10 + 10 + 1) * 4 + 3 * 4
     metrics.close()
+
+
+def test_zero0_16bit_model_state_counts_the_fp32_masters(single_rank_group: None) -> None:
+    """A ZeRO-0 bf16 engine (DeepSpeed's `FP16_UnfusedOptimizer`) keeps an fp32 master of each
+    16-bit trainable weight beside Adam's moments: the optimizer state counts it, as the plan does
+    (the masters were missed: 180 bytes here instead of 264)."""
+    import deepspeed
+    import torch
+
+    module = torch.nn.Sequential(torch.nn.Linear(10, 10), torch.nn.Linear(10, 1))
+    module[0].weight.requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad])
+    config = {"train_batch_size": 1, "bf16": {"enabled": True}, "zero_optimization": {"stage": 0},
+              "steps_per_print": 1_000_000}  # fmt: skip
+    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
+    assert type(engine.optimizer).__name__ == "FP16_UnfusedOptimizer"
+    metrics = RankMetrics(new_registry(), INFO, on_gpu=False, planned={}, comm=False)
+    metrics.engine_ready(engine)
+    engine.backward(engine(torch.ones(2, 10, dtype=torch.bfloat16)).float().sum())
+    engine.step()
+    states = metrics.memory.state_bytes()
+    trainable = 10 + 10 + 1
+    assert states["weights/cpu/true"] == 2 * trainable
+    assert states["gradients/cpu/true"] == 2 * trainable  # the bf16 gradients, before the step
+    # the fp32 masters, Adam's two fp32 moments, and a 4-byte step counter per trainable tensor
+    assert states["optimizer_states/cpu/true"] == 4 * trainable + 2 * 4 * trainable + 3 * 4
+    metrics.close()

@@ -1,4 +1,10 @@
-"""Two real gloo ranks under every ZeRO stage (with optimizer offload from stage 1) for each method."""
+"""Two real gloo ranks under every ZeRO stage (with optimizer offload from stage 1) for each method,
+in bf16 as on a GPU: each run saves a checkpoint mid-way and its result.
+
+bf16 runs DeepSpeed's 16-bit optimizer wrappers (ZeRO-0: `FP16_UnfusedOptimizer` with fp32
+masters; ZeRO 1-3: fp32 partitions), whose optimizer state the checkpoint must reach: a ZeRO-0
+bf16 run failed its first save (`PortableStateError: ... no optimizer state 'exp_avg'`).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,9 @@ STRATEGIES = [
     {"zeroStage": 2, "offloadOptimizer": "cpu"},
     {"zeroStage": 3, "offloadOptimizer": "cpu", "offloadParams": "cpu"},
 ]
+WRAPPERS = {0: "FP16_UnfusedOptimizer", 1: "DeepSpeedZeroOptimizer", 2: "DeepSpeedZeroOptimizer",
+            3: "DeepSpeedZeroOptimizer_Stage3"}  # fmt: skip
+"""The optimizer DeepSpeed wraps the client AdamW in for a bf16 run, by ZeRO stage."""
 METHODS = {
     "lora": {"type": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}},
     "qlora": {"type": "qlora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "qlora": {"quantType": "nf4"}},
@@ -49,18 +58,24 @@ def test_two_ranks_train_and_save(
 ) -> None:
     import torch
 
-    precision = "bf16" if method == "qlora" else "fp32"  # qlora needs a 16-bit job; CPU computes in fp32
     manifest = job_manifest(
         str(tiny_model_dir),
         str(reverse_jsonl),
         "/out",
         method=METHODS[method],
         deepspeed=strategy,
-        training={"maxSteps": 3, "precision": precision, "learningRate": 0.01},
+        training={"maxSteps": 3, "precision": "bf16", "learningRate": 0.01, "checkpointEverySteps": 2},
     )
     out = tmp_path / "out"
     run = launch(render_config(tmp_path / "config", manifest), out)
     assert run.wait(220) == 0, run.log()[-3000:]
+    assert f"bf16 on CPU (optimizer {WRAPPERS[strategy['zeroStage']]})" in run.log(), run.log()[-3000:]
+    saved = out / "checkpoints" / "step-00000002"
+    assert (saved / "trainer_state.json").is_file(), sorted(out.rglob("*"))
+    if method != "full":  # the portable state: fp32 masters and both Adam moments of every trainable weight
+        state = torch.load(saved / "trainable_state.pt", weights_only=True)
+        assert state["params"] and state["moments"]["exp_avg"].keys() == state["params"].keys()
+        assert all(t.dtype == torch.float32 for t in state["params"].values())
     summary = run.summary()
     assert summary["steps"] == 3 and summary["tokens"] > 0
     losses = run.losses()

@@ -173,11 +173,15 @@ def _tiny_cpu(**spec: Any) -> Workload:
     return workload_from_spec(make_job(**base).spec)
 
 
-def test_a_cpu_rank_is_planned_in_fp32_whatever_the_precision() -> None:
-    cpu = _tiny_cpu()
-    gpu = _tiny_cpu(resources={"gpusPerNode": 1})
-    assert (cpu.param_bytes, cpu.mixed_precision, cpu.on_cpu) == (4, False, True)
-    assert (gpu.param_bytes, gpu.mixed_precision, gpu.on_cpu) == (2, True, False)
+@pytest.mark.parametrize(("precision", "param_bytes"), [("bf16", 2), ("fp16", 2), ("fp32", 4)])
+def test_a_cpu_rank_is_planned_in_the_precision_it_computes_in(precision: str, param_bytes: int) -> None:
+    """The trainer keeps the job's precision on CPU (fp16 becomes bf16 where the CPU has no fp16:
+    the same two bytes), with DeepSpeed's fp32 masters beside 16-bit weights, as on a GPU."""
+    cpu = _tiny_cpu(training={"precision": precision})
+    gpu = _tiny_cpu(training={"precision": precision}, resources={"gpusPerNode": 1})
+    mixed = precision != "fp32"
+    assert (cpu.param_bytes, cpu.mixed_precision, cpu.on_cpu) == (param_bytes, mixed, True)
+    assert (gpu.param_bytes, gpu.mixed_precision, gpu.on_cpu) == (param_bytes, mixed, False)
 
 
 def test_packing_on_cpu_adds_the_mask_and_the_masked_attention_and_on_gpu_drops_the_padding_masks() -> None:

@@ -142,7 +142,7 @@ def memory_panel(prom: Prometheus, selector: str, at: float, path: Path) -> Path
     ax.legend(fontsize=8)
     ax.text(
         0.01, 0.97, "measured: real tensors of the fullest rank; planned: status.plan.breakdown\n"
-        "(a CPU run computes in fp32 where the plan counts the job's 16-bit precision)",
+        "(a CPU run computes in the job's precision, as the plan counts it)",
         transform=ax.transAxes, fontsize=7, va="top",
     )  # fmt: skip
     return _save(fig, path)

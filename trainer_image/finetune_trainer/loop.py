@@ -143,12 +143,15 @@ class Trainer:
         self.tracking = Recorder.for_rank(self.cfg, rank, on_gpu)
         if rank == 0:
             log.info(
-                "model %s: %s, %d/%d trainable parameters, ZeRO-%d, micro-batch %d x accumulation %d x world %d, "
-                "%d steps (%d per epoch), loss: %s",
+                "model %s: %s, %d/%d trainable parameters, %s on %s (optimizer %s), ZeRO-%d, "
+                "micro-batch %d x accumulation %d x world %d, %d steps (%d per epoch), loss: %s",
                 spec.model.uri,
                 spec.method.type,
                 self.trainable,
                 self.total_params,
+                self.compute.precision,
+                "GPU" if on_gpu else "CPU",
+                type(self.engine.optimizer).__name__,
                 plan.zero_stage,
                 plan.micro_batch_size,
                 plan.gradient_accumulation_steps,

@@ -1,9 +1,14 @@
 """Loading the base model and tokenizer, and wrapping them for LoRA, QLoRA or full tuning.
 
-Precision policy: on GPU the job's precision is used as is. On CPU every run computes
-in fp32 (bf16/fp16 matmuls on CPU are slow or missing for several ops, and fp16 loss
-scaling has no point there); the in-memory DeepSpeed config is switched off bf16/fp16
-to match, and the override is logged once. QLoRA keeps its 4-bit NF4 storage on CPU.
+Precision policy: a rank computes in the job's precision, on GPU and on CPU alike, so the
+CPU tiers run the optimizer wrappers a GPU run uses (ZeRO-0's 16-bit optimizer with its fp32
+masters, ZeRO 1-3's fp32 partitions). DeepSpeed's CPU accelerator and torch run bf16 on any
+x86 CPU (natively with AVX512-BF16/AMX). Only fp16 can be missing: DeepSpeed's CPU accelerator
+accepts it where oneDNN has fp16 kernels, and refuses it elsewhere ("Type fp16 is not supported
+on your device"). There the rank computes in bf16, the other 16-bit type, which keeps the
+same 16-bit weights, fp32 masters and optimizer wrappers (only fp16's loss scaling is not
+exercised); the in-memory DeepSpeed config follows, and the run logs which and why.
+QLoRA keeps its 4-bit NF4 storage on CPU.
 Under ZeRO-3, QLoRA stores the packed 4-bit weights in the compute dtype so DeepSpeed
 can partition them together with the other parameters (peft's DeepSpeed guidance).
 The 4-bit layers keep that layout for the whole run: see `keep_4bit_training_layout`.
@@ -40,14 +45,37 @@ class ComputeSettings:
     on_gpu: bool
     attn_implementation: str
     note: str = ""
+    """Why the dtype is not the job's precision (a fallback the run logs), or empty."""
+
+    @property
+    def precision(self) -> str:
+        """The precision this rank runs, in `training.precision`'s words (bf16, fp16, fp32)."""
+        return next(name for name, dtype in DTYPES.items() if dtype == self.dtype_name)
 
 
-def compute_settings(spec: FineTuneJobSpec, on_gpu: bool) -> ComputeSettings:
-    """The dtype and attention kernel this rank uses, and why."""
+def cpu_supports_fp16() -> bool:
+    """Whether DeepSpeed's CPU accelerator accepts fp16 here (oneDNN fp16 kernels: AVX512-FP16 or AMX-FP16)."""
+    from deepspeed.accelerator import get_accelerator
+
+    return bool(get_accelerator().is_fp16_supported())
+
+
+CPU_FP16_FALLBACK = (
+    "training.precision=fp16, but DeepSpeed's CPU accelerator refuses fp16 on this CPU (\"Type fp16 is not "
+    'supported on your device": oneDNN has no fp16 kernels without AVX512-FP16 or AMX-FP16): computing in bf16, '
+    "the other 16-bit type, with the same 16-bit weights, fp32 master weights and optimizer wrappers; "
+    "fp16's loss scaling is not exercised on this CPU"
+)
+
+
+def compute_settings(spec: FineTuneJobSpec, on_gpu: bool, cpu_fp16: bool | None = None) -> ComputeSettings:
+    """The dtype and attention kernel this rank uses, and why. `cpu_fp16`: whether the CPU runs
+    fp16 (asked of DeepSpeed's accelerator when None)."""
     asked = str(spec.training.precision)
     if not on_gpu:
-        note = "" if asked == "fp32" else f"training.precision={asked} but this is a CPU run: computing in fp32"
-        return ComputeSettings("float32", False, "sdpa", note)
+        if asked == "fp16" and not (cpu_supports_fp16() if cpu_fp16 is None else cpu_fp16):
+            return ComputeSettings(DTYPES["bf16"], False, "sdpa", CPU_FP16_FALLBACK)
+        return ComputeSettings(DTYPES[asked], False, "sdpa")
     attn = "sdpa"
     try:
         import flash_attn  # type: ignore[import-not-found]  # noqa: F401
@@ -59,11 +87,12 @@ def compute_settings(spec: FineTuneJobSpec, on_gpu: bool) -> ComputeSettings:
 
 
 def effective_deepspeed_config(config: dict[str, Any], compute: ComputeSettings) -> dict[str, Any]:
-    """The rendered config adjusted to this machine (only when running on CPU)."""
+    """The rendered config adjusted to this machine (only when running on CPU): the precision
+    this rank computes in (see `compute_settings`), and the client AdamW accepted under offload."""
     out = dict(config)
     if not compute.on_gpu:
-        out["bf16"] = {**out.get("bf16", {}), "enabled": False}
-        out["fp16"] = {**out.get("fp16", {}), "enabled": False}
+        out["bf16"] = {**out.get("bf16", {}), "enabled": compute.precision == "bf16"}
+        out["fp16"] = {**out.get("fp16", {}), "enabled": compute.precision == "fp16"}
         out["zero_force_ds_cpu_optimizer"] = False
     return out
 
@@ -216,7 +245,7 @@ def load_model(
         from transformers import BitsAndBytesConfig
 
         q = spec.method.qlora_or_default
-        compute_dtype = getattr(torch, q.compute_dtype) if (q.compute_dtype and compute.on_gpu) else dtype
+        compute_dtype = getattr(torch, q.compute_dtype) if q.compute_dtype else dtype
         kwargs["quantization_config"] = BitsAndBytesConfig(  # type: ignore[no-untyped-call]
             load_in_4bit=True,
             bnb_4bit_quant_type=str(q.quant_type),

@@ -8,20 +8,34 @@ micro-batch) or a change of `numNodes` that picture no longer fits the new engin
 For adapters the state worth keeping is small, so it is saved consolidated and keyed by
 parameter name: each trainable parameter gathered in full (the fp32 master where ZeRO
 keeps one), its Adam moments gathered from the ZeRO partitions, the optimizer's step
-count and the LR scheduler's state. The frozen base weights are not saved: they come
-back from the model URI. Loading writes the values into whatever partitions, offload
-buffers and micro-batching the new engine has, through DeepSpeed's `safe_*_full_*`
-accessors, which work at ZeRO 1–3 with or without offload (stage 0 holds plain tensors).
+count, the dynamic loss scale of an fp16 run and the LR scheduler's state. The frozen base
+weights are not saved: they come back from the model URI. Loading writes the values into
+whatever partitions, offload buffers and micro-batching the new engine has.
+
+Where each strategy keeps the fp32 master and the Adam moments of a parameter:
+- ZeRO 1–3, with or without offload, and DeepSpeed's `BF16_Optimizer`: fp32 partitions that
+  DeepSpeed's `safe_*_full_*` accessors gather and scatter by the model's parameter.
+- ZeRO-0 in bf16 or fp16: `FP16_UnfusedOptimizer` (or `FP16_Optimizer` over a fused Adam)
+  keeps an fp32 copy of each 16-bit parameter (flattened per group in the fused one), and the
+  Adam state is keyed by that copy, not by the model's parameter (`_masters`).
+- ZeRO-0 in fp32: the client optimizer steps the model's parameters themselves.
+The Adam step count is saved as the optimizer counts it: DeepSpeed's ZeRO-0 16-bit wrappers
+take one all-zero step when they are built, and their runs continue with that count on any
+strategy, as they would have uninterrupted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 TRAINABLE_FILE = "trainable_state.pt"
 MOMENTS = ("exp_avg", "exp_avg_sq")
+LOSS_SCALE_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
+"""A dynamic fp16 loss scale: DeepSpeed's ZeRO scaler (`DynamicLossScaler`) and its ZeRO-0 wrappers'
+(`LossScaleConfig`) share the first three; hysteresis is the ZeRO scaler's alone."""
 
 
 class PortableStateError(RuntimeError):
@@ -41,31 +55,118 @@ def _is_zero3(param: Any) -> bool:
     return hasattr(param, "ds_id")
 
 
-def _full_value(engine: Any, name: str, param: Any) -> Any:
-    """The full fp32 value of a trainable parameter (collective under ZeRO)."""
+def _partitioned(param: Any) -> bool:
+    """Whether DeepSpeed's `safe_*_full_*` accessors reach this parameter's master and moments
+    (ZeRO 1-3 and `BF16_Optimizer` map each parameter onto their fp32 partitions; a rank that
+    holds no fragment of it has the attribute too, set to None, and takes part with zeros)."""
+    return _is_zero3(param) or hasattr(param, "_hp_mapping")
+
+
+@dataclass(frozen=True)
+class Master:
+    """Where ZeRO-0 keeps a parameter's fp32 master: `numel` elements from `offset` of `key`, the
+    tensor the client optimizer steps and keys its state by (the parameter itself in fp32)."""
+
+    key: Any
+    offset: int
+    numel: int
+
+    def of(self, tensor: Any) -> Any:
+        """This parameter's slice of `key` or of a state tensor shaped like it (a view)."""
+        return tensor.view(-1).narrow(0, self.offset, self.numel)
+
+
+def _masters(engine: Any) -> dict[int, Master]:
+    """ZeRO-0's fp32 masters by `id()` of the model's parameter, whatever the wrapper."""
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    wrapper = engine.optimizer
+    masters: dict[int, Master] = {}
+    if isinstance(wrapper, FP16_UnfusedOptimizer):  # one fp32 copy per 16-bit parameter
+        for low, high in zip(wrapper.fp16_groups, wrapper.fp32_groups, strict=True):
+            masters.update({id(p): Master(copy, 0, copy.numel()) for p, copy in zip(low, high, strict=True)})
+    elif isinstance(wrapper, FP16_Optimizer):  # one flat fp32 copy per group, in the group's order
+        for low, flat in zip(wrapper.fp16_groups, wrapper.fp32_groups_flat, strict=True):
+            offset = 0
+            for p in low:
+                masters[id(p)] = Master(flat, offset, p.numel())
+                offset += p.numel()
+    else:  # the client optimizer over the model's own parameters
+        for group in _basic_optimizer(engine).param_groups:
+            masters.update({id(p): Master(p, 0, p.numel()) for p in group["params"]})
+    return masters
+
+
+def _master(masters: dict[int, Master], engine: Any, name: str, param: Any) -> Master:
+    found = masters.get(id(param))
+    if found is None:
+        raise PortableStateError(
+            f"{name}: no fp32 master reachable under this strategy ({type(engine.optimizer).__name__}); "
+            "a strategy-independent checkpoint needs the trainable parameters' masters and Adam moments"
+        )
+    return found
+
+
+def _full_value(engine: Any, name: str, param: Any, masters: dict[int, Master]) -> Any:
+    """The full fp32 master of a trainable parameter (collective under ZeRO)."""
     from deepspeed.utils import safe_get_full_fp32_param
 
-    value = safe_get_full_fp32_param(param)
-    if value is None:
-        if _is_zero3(param):
-            raise PortableStateError(f"{name}: ZeRO-3 parameter without an fp32 partition")
-        value = param.detach()
+    if _partitioned(param):
+        value = safe_get_full_fp32_param(param)
+        if value is None:
+            raise PortableStateError(f"{name}: partitioned parameter without an fp32 partition")
+    else:
+        master = _master(masters, engine, name, param)
+        value = master.of(master.key).view(param.shape)
     return value.detach().float().cpu().clone()
 
 
-def _full_moment(engine: Any, name: str, param: Any, key: str) -> Any:
+def _full_moment(engine: Any, name: str, param: Any, key: str, masters: dict[int, Master]) -> Any:
     from deepspeed.utils import safe_get_full_optimizer_state
 
-    value = safe_get_full_optimizer_state(param, key)
+    value = None
+    if _partitioned(param):
+        value = safe_get_full_optimizer_state(param, key)
+    else:
+        master = _master(masters, engine, name, param)
+        state = _basic_optimizer(engine).state.get(master.key)
+        if state and key in state:
+            value = master.of(state[key]).view(param.shape)
     if value is None:
-        state = _basic_optimizer(engine).state.get(param)
-        if not state or key not in state:
-            raise PortableStateError(
-                f"{name}: no optimizer state '{key}' reachable under this strategy "
-                f"({type(engine.optimizer).__name__}); a strategy-independent checkpoint needs Adam moments"
-            )
-        value = state[key]
+        raise PortableStateError(
+            f"{name}: no optimizer state '{key}' reachable under this strategy "
+            f"({type(engine.optimizer).__name__}); a strategy-independent checkpoint needs Adam moments"
+        )
     return value.detach().float().cpu().clone()
+
+
+def _loss_scaler(engine: Any) -> Any:
+    """The dynamic fp16 loss scaler of this engine's optimizer, or None (bf16, fp32, a static scale)."""
+    wrapper = engine.optimizer
+    scaler = getattr(wrapper, "loss_scaler", None)  # ZeRO 1-3
+    if scaler is not None:
+        return scaler if getattr(scaler, "dynamic", False) else None
+    config = getattr(wrapper, "loss_scale_config", None)  # ZeRO-0's FP16_(Unfused)Optimizer
+    return config if getattr(config, "dynamic_loss_scale", False) else None
+
+
+def _loss_scale_state(engine: Any) -> dict[str, Any] | None:
+    scaler = _loss_scaler(engine)
+    if scaler is None:
+        return None
+    return {field: getattr(scaler, field) for field in LOSS_SCALE_FIELDS if hasattr(scaler, field)}
+
+
+def _restore_loss_scale(engine: Any, saved: dict[str, Any] | None) -> None:
+    """The saved dynamic loss scale, where both runs scale dynamically (a bf16 or fp32 run has none;
+    an fp16 run resuming one of those starts at its initial scale)."""
+    scaler = _loss_scaler(engine)
+    if scaler is None or not saved:
+        return
+    for field, value in saved.items():
+        if field in LOSS_SCALE_FIELDS and hasattr(scaler, field):
+            setattr(scaler, field, value)
 
 
 def _optimizer_step(engine: Any) -> int:
@@ -80,12 +181,13 @@ def gather(engine: Any, keep: bool = True) -> dict[str, Any]:
     """Collective: every rank calls it; only ranks with `keep` hold the gathered tensors."""
     params: dict[str, Any] = {}
     moments: dict[str, dict[str, Any]] = {key: {} for key in MOMENTS}
+    masters = _masters(engine)
     for name, param in _trainable(engine):
-        value = _full_value(engine, name, param)
+        value = _full_value(engine, name, param, masters)
         if keep:
             params[name] = value
         for key in MOMENTS:
-            value = _full_moment(engine, name, param, key)
+            value = _full_moment(engine, name, param, key, masters)
             if keep:
                 moments[key][name] = value
     scheduler = engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None
@@ -93,6 +195,7 @@ def gather(engine: Any, keep: bool = True) -> dict[str, Any]:
         "params": params,
         "moments": moments,
         "optimizer_step": _optimizer_step(engine),
+        "loss_scale": _loss_scale_state(engine),
         "scheduler": scheduler,
     }
 
@@ -152,10 +255,20 @@ Lookup = Callable[[str], tuple[Any, dict[str, Any]]]
 """A parameter's name -> (its full fp32 value, its Adam moments by key), on the CPU."""
 
 
-def restore(engine: Any, names: list[str], lookup: Lookup, optimizer_step: int, scheduler: Any) -> None:
+def restore(
+    engine: Any,
+    names: list[str],
+    lookup: Lookup,
+    optimizer_step: int,
+    scheduler: Any,
+    *,
+    loss_scale: dict[str, Any] | None = None,
+) -> None:
     """Collective: write full values and moments, one parameter at a time, into this engine's
-    partitions and offload buffers, whatever its strategy; then the step count and LR schedule.
-    `names` are the trainable parameters the saved state holds (checked against the engine's)."""
+    partitions and offload buffers, whatever its strategy; then the step count, the dynamic loss
+    scale and the LR schedule. `names` are the trainable parameters the saved state holds
+    (checked against the engine's)."""
+    import torch
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
     trainable = _trainable(engine)
@@ -169,17 +282,22 @@ def restore(engine: Any, names: list[str], lookup: Lookup, optimizer_step: int, 
         )
     _ensure_optimizer_state(engine, optimizer_step)
     basic = _basic_optimizer(engine)
+    masters = _masters(engine)
     for name, param in trainable:
         value, moments = lookup(name)
         value = value.reshape(_full_shape(param))
         _set_module_weight(param, value)
-        safe_set_full_fp32_param(param, value.to(param.device))
-        for key in MOMENTS:
-            moment = moments[key].reshape(value.shape)
-            if hasattr(param, "_hp_mapping") or _is_zero3(param):
-                safe_set_full_optimizer_state(param, moment.to(param.device), key)
-            else:
-                basic.state[param][key].copy_(moment.to(param.device))
+        if _partitioned(param):
+            safe_set_full_fp32_param(param, value.to(param.device))
+            for key in MOMENTS:
+                safe_set_full_optimizer_state(param, moments[key].reshape(value.shape).to(param.device), key)
+            continue
+        master = _master(masters, engine, name, param)
+        with torch.no_grad():
+            master.of(master.key).copy_(value.flatten())
+            for key in MOMENTS:
+                master.of(basic.state[master.key][key]).copy_(moments[key].flatten())
+    _restore_loss_scale(engine, loss_scale)
     if engine.lr_scheduler is not None and scheduler is not None:
         engine.lr_scheduler.load_state_dict(scheduler)
         for group, lr in zip(basic.param_groups, engine.lr_scheduler.get_last_lr(), strict=True):
@@ -200,7 +318,14 @@ def load(engine: Any, folder: Path) -> dict[str, Any]:
         return state["params"][name], {key: state["moments"][key][name] for key in MOMENTS}
 
     try:
-        restore(engine, list(state["params"]), lookup, int(state["optimizer_step"]), state["scheduler"])
+        restore(
+            engine,
+            list(state["params"]),
+            lookup,
+            int(state["optimizer_step"]),
+            state["scheduler"],
+            loss_scale=state.get("loss_scale"),  # absent from files written before fp16 runs saved it
+        )
     except PortableStateError as exc:
         raise PortableStateError(f"{folder}: {exc}") from exc
     return state

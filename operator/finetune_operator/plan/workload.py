@@ -173,7 +173,9 @@ def workload_from_spec(spec: FineTuneJobSpec, local_files: bool = True) -> Workl
     counts = count_parameters(shape, None if method == "full" else lora.r, lora.target_modules)
     precision = str(spec.training.precision)
     on_cpu = spec.resources.gpus_per_node == 0
-    fp32 = precision == "fp32" or on_cpu  # a CPU rank computes in fp32 whatever training.precision says
+    # a CPU rank computes in the job's precision too; where its CPU has no fp16 it computes in bf16,
+    # of the same size (finetune_trainer.modeling.compute_settings)
+    fp32 = precision == "fp32"
     double_quant = spec.method.qlora_or_default.double_quant
     resources = spec.resources
     return Workload(

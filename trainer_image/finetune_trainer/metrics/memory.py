@@ -7,8 +7,9 @@ set against the planner's prediction (`finetune_planned_memory_bytes`, from plan
   full data of parameters that are gathered or persistent when sampled);
 - gradients: the ZeRO optimizer's gradient partitions (or `param.grad` without ZeRO),
   sampled just before the optimizer step, when they are all alive;
-- optimizer_states: the inner optimizer's state (Adam moments) and the fp32 master
-  partitions, wherever they live (CPU under optimizer offload).
+- optimizer_states: the inner optimizer's state (Adam moments) and the fp32 masters, wherever
+  they live: ZeRO 1-3's partitions (CPU under optimizer offload), ZeRO-0's per-parameter or
+  flat fp32 copies of a 16-bit run.
 
 Views of one flat buffer are counted once (distinct (address, size) pairs). Sampling wraps
 the ZeRO optimizer's `step` (gradients before, weights and states after) so the training
@@ -47,7 +48,13 @@ GRAD_DICT_ATTRS = (
     "accumulated_grads_in_cpu",
     "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition",
 )
-MASTER_ATTRS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition")
+MASTER_ATTRS = (
+    "single_partition_of_fp32_groups",  # ZeRO 1-2
+    "fp32_partitioned_groups_flat",  # ZeRO-3
+    "fp32_groups_flat_partition",  # BF16_Optimizer
+    "fp32_groups",  # ZeRO-0 16-bit: FP16_UnfusedOptimizer
+    "fp32_groups_flat",  # ZeRO-0 16-bit over a fused Adam: FP16_Optimizer
+)
 
 
 def _device(tensor: Any) -> str:
