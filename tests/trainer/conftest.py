@@ -226,3 +226,44 @@ def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.
             return True
         time.sleep(interval)
     return predicate()
+
+
+METHODS = {
+    "lora": {"type": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}},
+    "qlora": {"type": "qlora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "qlora": {"quantType": "nf4"}},
+    "full": {"type": "full"},
+}
+"""The three methods as `spec.method` values, for tests that run each."""
+
+
+def adapter_tensors(folder: Path) -> dict[str, Any]:
+    """Every tensor of the safetensors files in `folder` (an adapter or a model folder)."""
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    assert files, f"no safetensors in {folder}"
+    out: dict[str, Any] = {}
+    for f in files:
+        out.update(load_file(f))
+    return out
+
+
+def qlora_model(model_dir: Path) -> Any:
+    """The trainer's QLoRA model of `model_dir` (bf16 compute, r=8) on CPU, its LoRA B made non-zero."""
+    import torch
+
+    from finetune_operator.api.job import FineTuneJob
+    from finetune_operator.plan import fixed_plan
+    from finetune_trainer import modeling
+
+    manifest = job_manifest(
+        str(model_dir), "/unused.jsonl", "/out", method=METHODS["qlora"], training={"precision": "bf16"}
+    )
+    spec = FineTuneJob.from_manifest(manifest).spec
+    torch.manual_seed(0)
+    model = modeling.load_model(spec, fixed_plan(spec), str(model_dir), modeling.compute_settings(spec, False))
+    with torch.no_grad():  # a LoRA B of zeros would hide what flows back through the base
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.02)
+    return model

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Run, job_manifest, render_config
-from .test_strategies import METHODS, _adapter_tensors
+from .conftest import METHODS, Run, adapter_tensors, job_manifest, render_config
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -74,9 +73,9 @@ def test_chunked_loss_trains_exactly_like_the_full_logits(
         assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
         assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
     folder = "model" if method == "full" else "adapter"
-    want, trained = _adapter_tensors(ref_out / folder), _adapter_tensors(got_out / folder)
+    want, trained = adapter_tensors(ref_out / folder), adapter_tensors(got_out / folder)
     assert trained.keys() == want.keys() and want
-    initial = _adapter_tensors(tiny_model_dir)
+    initial = adapter_tensors(tiny_model_dir)
     for key, tensor in want.items():
         # Adam divides each gradient entry by its own magnitude, so for an entry near zero an fp32
         # rounding difference moves the update by a visible fraction of lr (0.01); the loss and

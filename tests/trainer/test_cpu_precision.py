@@ -17,7 +17,7 @@ from finetune_operator.api.job import FineTuneJob
 from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_trainer import modeling
 
-from .conftest import Run, job_manifest, render_config
+from .conftest import Run, job_manifest, qlora_model, render_config
 
 pytestmark = [pytest.mark.trainer]
 
@@ -81,7 +81,5 @@ def test_qlora_on_cpu_computes_in_the_jobs_precision(tiny_model_dir: Path) -> No
     import torch
     from bitsandbytes.nn.modules import Linear4bit
 
-    from .test_qlora_layout import _qlora_model
-
-    layers = [m for m in _qlora_model(tiny_model_dir).modules() if isinstance(m, Linear4bit)]
+    layers = [m for m in qlora_model(tiny_model_dir).modules() if isinstance(m, Linear4bit)]
     assert layers and {layer.compute_dtype for layer in layers} == {torch.bfloat16}

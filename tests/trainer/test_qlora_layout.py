@@ -19,29 +19,9 @@ from typing import Any
 
 import pytest
 
-from .conftest import job_manifest
+from .conftest import qlora_model
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
-
-QLORA = {"type": "qlora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "qlora": {"quantType": "nf4"}}
-
-
-def _qlora_model(model_dir: Path) -> Any:
-    import torch
-
-    from finetune_operator.api.job import FineTuneJob
-    from finetune_operator.plan import fixed_plan
-    from finetune_trainer import modeling
-
-    manifest = job_manifest(str(model_dir), "/unused.jsonl", "/out", method=QLORA, training={"precision": "bf16"})
-    spec = FineTuneJob.from_manifest(manifest).spec
-    torch.manual_seed(0)
-    model = modeling.load_model(spec, fixed_plan(spec), str(model_dir), modeling.compute_settings(spec, False))
-    with torch.no_grad():  # a LoRA B of zeros would hide what flows back through the base
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(std=0.02)
-    return model
 
 
 def _training_step(model: Any, ids: Any) -> tuple[float, Any]:
@@ -67,8 +47,8 @@ def test_an_evaluation_leaves_the_4bit_base_as_it_trains(tiny_model_dir: Path) -
     import torch
 
     ids = torch.randint(3, 512, (2, 16), generator=torch.Generator().manual_seed(1))
-    resumed = _qlora_model(tiny_model_dir)  # a resumed run: no evaluation before its first step
-    fresh = _qlora_model(tiny_model_dir)  # a fresh run evaluates first
+    resumed = qlora_model(tiny_model_dir)  # a resumed run: no evaluation before its first step
+    fresh = qlora_model(tiny_model_dir)  # a fresh run evaluates first
     _evaluate(fresh, ids)
 
     loss, grads = _training_step(resumed, ids)

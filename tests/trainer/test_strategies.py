@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from .conftest import Run, job_manifest, render_config
+from .conftest import METHODS, Run, adapter_tensors, job_manifest, render_config
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -27,24 +26,6 @@ STRATEGIES = [
 WRAPPERS = {0: "FP16_UnfusedOptimizer", 1: "DeepSpeedZeroOptimizer", 2: "DeepSpeedZeroOptimizer",
             3: "DeepSpeedZeroOptimizer_Stage3"}  # fmt: skip
 """The optimizer DeepSpeed wraps the client AdamW in for a bf16 run, by ZeRO stage."""
-METHODS = {
-    "lora": {"type": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}},
-    "qlora": {"type": "qlora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "qlora": {"quantType": "nf4"}},
-    "full": {"type": "full"},
-}
-
-
-def _adapter_tensors(folder: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    files = sorted(folder.glob("*.safetensors"))
-    assert files, f"no safetensors in {folder}"
-    out: dict[str, Any] = {}
-    for f in files:
-        out.update(load_file(f))
-    return out
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("method", list(METHODS))
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: f"zero{s['zeroStage']}-{s['offloadOptimizer']}")
@@ -81,7 +62,7 @@ def test_two_ranks_train_and_save(
     losses = run.losses()
     assert sorted(losses) == [1, 2, 3] and all(torch.isfinite(torch.tensor(v)) for v in losses.values())
     folder = out / ("model" if method == "full" else "adapter")
-    tensors = _adapter_tensors(folder)
+    tensors = adapter_tensors(folder)
     assert all(bool(torch.isfinite(t).all()) for t in tensors.values())
     if method == "full":
         assert any("layers.0.mlp.down_proj" in k for k in tensors)

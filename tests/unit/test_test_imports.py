@@ -18,11 +18,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 
-PENDING: dict[str, set[str]] = {
-    "tests/trainer/test_chunked_loss.py": {"tests.trainer.test_strategies"},
-}
-"""Imports still waiting for their helpers to move to a support module (tests/trainer is
-reworked elsewhere). Each entry must still occur: once fixed, the test asks to remove it."""
+PENDING: dict[str, set[str]] = {}
+"""Imports still waiting for their helpers to move to a support module. Each entry must still
+occur: once fixed, the test asks to remove it."""
 
 
 def _named_modules(tree: ast.AST, package: tuple[str, ...]) -> Iterator[str]:
