@@ -80,7 +80,7 @@ UNCHANGED: dict[str, Edit] = {
 }
 
 CHANGED: dict[str, Edit] = {
-    "a trainer requirement": lambda root: _edit(root / "pyproject.toml", '"deepspeed>=0.17"', '"deepspeed>=0.18"'),
+    "a trainer requirement": lambda root: _edit(root / "pyproject.toml", '"deepspeed>=', '"deepspeed!=0.0.1,>='),
     "a core requirement": lambda root: _edit(root / "pyproject.toml", '"kopf>=1.37"', '"kopf>=1.38"'),
     "the build system's requirements": lambda root: _edit(
         root / "pyproject.toml", '"setuptools>=69"', '"setuptools>=70"'

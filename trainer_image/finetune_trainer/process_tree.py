@@ -1,8 +1,8 @@
 """Stopping everything the DeepSpeed launcher started, not just the launcher.
 
-`deepspeed.launcher.runner` (what the entrypoint starts) runs `deepspeed.launcher.launch`
-as a child, which starts the ranks. On SIGTERM the runner simply dies and its child, with
-every rank, keeps training (one of them at 100 % CPU). So on SIGTERM or SIGINT the
+The entrypoint starts `deepspeed.launcher.launch`, which starts the ranks. Signals to the
+launcher alone are not enough: a launcher that dies leaves its ranks training (one of them
+at 100 % CPU). So on SIGTERM or SIGINT the
 entrypoint walks the launcher's process tree while it is still whole, sends SIGTERM to
 every process in it (a rank raises `StoppedBySignal` and leaves its root cause), and
 SIGKILLs what is still there after a grace period (a rank spinning in C++ never runs its

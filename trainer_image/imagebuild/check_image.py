@@ -84,8 +84,11 @@ def check_ops_load_prebuilt() -> None:
     ok("one DeepSpeedCPUAdam step updates the weights as Adam does")
 
     handle = async_io.aio_handle(block_size=1024 * 1024, queue_depth=8)
-    written = torch.arange(4096, dtype=torch.float32)
-    read = torch.zeros_like(written)
+    # O_DIRECT needs page-aligned buffers, which DeepSpeed's NVMe swapper takes from the handle;
+    # a plain tensor is written as nothing (checked: 0 bytes, no error).
+    like = torch.empty(0, dtype=torch.float32)
+    written = handle.new_cpu_locked_tensor(4096, like).copy_(torch.arange(4096, dtype=torch.float32))
+    read = handle.new_cpu_locked_tensor(4096, like).zero_()
     with tempfile.TemporaryDirectory(dir=os.environ.get("HOME")) as directory:
         path = os.path.join(directory, "tensor.bin")
         handle.write(written, path, False)
