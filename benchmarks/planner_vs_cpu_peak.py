@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -139,13 +140,18 @@ def measure(args: argparse.Namespace, method: str, packing: bool) -> tuple[Any, 
             start_new_session=True,
         )
         peaks: dict[int, int] = {}
-        while proc.poll() is None:
-            for pid in _workers(proc.pid):
-                value = _hwm(pid)
-                if value is not None:
-                    peaks[pid] = max(peaks.get(pid, 0), value)
-            time.sleep(0.2)
-        log.close()
+        try:
+            while proc.poll() is None:
+                for pid in _workers(proc.pid):
+                    value = _hwm(pid)
+                    if value is not None:
+                        peaks[pid] = max(peaks.get(pid, 0), value)
+                time.sleep(0.2)
+        finally:  # interrupted: the run is in a session of its own, so it would outlive this script
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            log.close()
         if proc.returncode != 0:
             print((root / "log").read_text()[-3000:], file=sys.stderr)
             raise SystemExit(f"planner_vs_cpu_peak: {method} packing={packing}: the run failed ({proc.returncode})")
