@@ -110,7 +110,9 @@ SMOKES = [
 
 def run_script(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """`python benchmarks/<argv>` from the repository root; on a timeout its whole process tree goes."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DS_ACCELERATOR": "cpu"}
+    paths = [REPO_ROOT, REPO_ROOT / "operator", REPO_ROOT / "trainer_image", REPO_ROOT / "tools" / "localcluster"]
+    python_path = os.pathsep.join([*map(str, paths), os.environ.get("PYTHONPATH", "")])  # this checkout's code
+    env = {**os.environ, "PYTHONPATH": python_path, "DS_ACCELERATOR": "cpu"}
     proc = subprocess.Popen(
         [sys.executable, str(BENCHMARKS / argv[0]), *argv[1:]],
         cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
