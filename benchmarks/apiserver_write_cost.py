@@ -139,6 +139,11 @@ def line(label: str, m: dict[str, float]) -> str:
             f"etcd {m['etcd']:4.1f}  wall {m['wall']:5.1f}  ms/job")  # fmt: skip
 
 
+def ratio(part: float, whole: float) -> str:
+    """Two decimals, or '-' when the base is below the clock's resolution (a few writes in --smoke)."""
+    return f"{part / whole:.2f}" if whole > 0 else "-"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=60, help="jobs (three children each) per variant and round")
@@ -164,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         for v, write in enumerate(variants.values()):  # warm connections, caches and the apiserver's paths
             measure(template, write, f"warm-v{v}", warm)
-        ratios: dict[str, list[float]] = {"client": [], "apiserver": [], "read": []}
+        ratios: dict[str, list[str]] = {"client": [], "apiserver": [], "read": []}
         for r in range(rounds):
             print(f"round {r + 1}/{rounds} ({jobs} jobs each):", flush=True)
             got = {}
@@ -172,12 +177,12 @@ def main(argv: list[str] | None = None) -> int:
                 got[name] = measure(template, write, f"r{r}v{v}", jobs)
                 print(line(name, got[name]), flush=True)
             base = got["apply, generated client"]
-            ratios["client"].append(got["apply, raw REST call"]["client"] / base["client"])
-            ratios["apiserver"].append(got["create (POST), raw REST"]["kube-apiserver"] / base["kube-apiserver"])
-            ratios["read"].append(got["ClusterIO.apply (read+apply)"]["client"] / base["client"])
-        print("raw REST / generated client, writer CPU:  " + ", ".join(f"{x:.2f}" for x in ratios["client"]))
-        print("POST create / server-side apply, apiserver CPU: " + ", ".join(f"{x:.2f}" for x in ratios["apiserver"]))
-        print("ClusterIO.apply / one apply, writer CPU: " + ", ".join(f"{x:.2f}" for x in ratios["read"]))
+            ratios["client"].append(ratio(got["apply, raw REST call"]["client"], base["client"]))
+            ratios["apiserver"].append(ratio(got["create (POST), raw REST"]["kube-apiserver"], base["kube-apiserver"]))
+            ratios["read"].append(ratio(got["ClusterIO.apply (read+apply)"]["client"], base["client"]))
+        print("raw REST / generated client, writer CPU:  " + ", ".join(ratios["client"]))
+        print("POST create / server-side apply, apiserver CPU: " + ", ".join(ratios["apiserver"]))
+        print("ClusterIO.apply / one apply, writer CPU: " + ", ".join(ratios["read"]))
     return 0
 
 
