@@ -287,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="plan everything, run tiny versions on the CPU")
     parser.add_argument("--sections", default="abcd", help="which sections to run (default abcd)")
+    parser.add_argument("--smoke", action="store_true", help="the same as --dry-run (the benchmarks' common flag)")
     args = parser.parse_args(argv)
+    args.dry_run = args.dry_run or args.smoke
     if args.dry_run:
         os.environ["DS_ACCELERATOR"] = "cpu"
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

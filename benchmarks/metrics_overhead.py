@@ -36,6 +36,10 @@ noise between runs is a few per cent, so the rounds are interleaved and repeated
     DS_ACCELERATOR=cpu .venv/bin/python benchmarks/metrics_overhead.py --paired [--stages 2 3] [--steps 60]
     DS_ACCELERATOR=cpu .venv/bin/python benchmarks/metrics_overhead.py [--stages 2 3] [--steps 20] [--rounds 2]
     DS_ACCELERATOR=cpu .venv/bin/python benchmarks/metrics_overhead.py --tracking [--stages 2] [--steps 60] [--rounds 3]
+    DS_ACCELERATOR=cpu .venv/bin/python benchmarks/metrics_overhead.py --smoke   # --paired, ZeRO-2, 12 steps; --micro
+
+A run that fails, or a paired run with fewer than two complete blocks, ends the benchmark with
+exit status 1 and no table.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import json
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,7 +98,9 @@ def run_once(stage: int, steps: int, mode: str, workdir: Path, tracking_uri: str
     run = start_train(config, workdir / "out", env=env, tag=mode)
     if run.wait(900) != 0:
         raise RuntimeError(f"{mode} ZeRO-{stage} failed:\n{run.log()[-3000:]}")
-    seconds = [e["seconds"] for e in run.train_log() if "seconds" in e][SKIP:]
+    seconds = [float(e["seconds"]) for e in run.train_log() if "seconds" in e][SKIP:]
+    if not seconds:
+        raise RuntimeError(f"{mode} ZeRO-{stage}: no step after the first {SKIP} in the train log")
     return statistics.median(seconds)
 
 
@@ -115,12 +122,14 @@ def paired(stage: int, steps: int, workdir: Path) -> tuple[list[float], float, f
             sums[row["metrics"]] += row["iteration_seconds"]
             sums["n"] += 1
     ratios = [b["on"] / b["off"] for b in blocks.values() if b["n"] == 4]
+    if len(ratios) < 2:
+        raise RuntimeError(f"paired ZeRO-{stage}: {len(ratios)} complete blocks of four steps after the first (need 2)")
     on = [r["iteration_seconds"] for r in rows[4:] if r["metrics"] == "on"]
     off = [r["iteration_seconds"] for r in rows[4:] if r["metrics"] == "off"]
     return ratios, statistics.median(on), statistics.median(off)
 
 
-def micro(calls: int = 3000) -> None:
+def micro(calls: int = 3000, rounds: int = 300) -> None:
     import os
     import time
 
@@ -163,7 +172,6 @@ def micro(calls: int = 3000) -> None:
     for engine in (watched, bare_engine):
         engine.module(torch.ones(2, 32)).sum().backward()
         engine.optimizer.step()
-    rounds = 300
 
     def loop(engine: Engine, hooked: bool) -> float:
         began = time.perf_counter()
@@ -263,11 +271,11 @@ def recorder_costs(steps: int = 2000) -> tuple[float, float]:
     return record_s, statistics.median(commits)
 
 
-def _time(body: object) -> float:
+def _time(body: Callable[[], object]) -> float:
     import time
 
     began = time.perf_counter()
-    body()  # type: ignore[operator]
+    body()
     return time.perf_counter() - began
 
 
@@ -279,35 +287,52 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro", action="store_true", help="per-call and per-step costs in one process")
     parser.add_argument("--paired", action="store_true", help="accounting on and off on alternate steps of one run")
     parser.add_argument("--tracking", action="store_true", help="everything on, without and with experiment tracking")
+    parser.add_argument("--smoke", action="store_true", help="--paired on ZeRO-2 for 12 steps, then a short --micro")
     args = parser.parse_args(argv)
-    if args.micro:
-        micro()
-        return 0
-    if args.tracking:
-        return tracking(args.stages, args.steps, args.rounds)
-    if args.paired:
-        with tempfile.TemporaryDirectory(prefix="metrics-overhead-") as tmp:
-            print(f"{'stage':<8}{'blocks':>7}{'on ms':>10}{'off ms':>10}{'on/off median':>15}{'quartiles':>16}")
-            for stage in args.stages:
-                ratios, on, off = paired(stage, args.steps, Path(tmp) / f"z{stage}")
-                q1, med, q3 = statistics.quantiles(ratios, n=4)
-                print(f"ZeRO-{stage:<3}{len(ratios):>7}{on * 1e3:>10.2f}{off * 1e3:>10.2f}{med:>15.3f}"
-                      f"{f'{q1:.3f}-{q3:.3f}':>16}", flush=True)  # fmt: skip
-        return 0
+    try:
+        if args.smoke:
+            print_paired([2], 12)
+            micro(calls=100, rounds=10)
+        elif args.tracking:
+            return tracking(args.stages, args.steps, args.rounds)
+        elif args.micro:
+            micro()
+        elif args.paired:
+            print_paired(args.stages, args.steps)
+        else:
+            separate_runs(args.stages, args.steps, args.rounds)
+    except RuntimeError as exc:
+        print(f"metrics_overhead: measurement failed, no table: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def print_paired(stages: list[int], steps: int) -> None:
+    """One paired run per stage; the table comes after every run measured."""
+    lines = [f"{'stage':<8}{'blocks':>7}{'on ms':>10}{'off ms':>10}{'on/off median':>15}{'quartiles':>16}"]
+    with tempfile.TemporaryDirectory(prefix="metrics-overhead-") as tmp:
+        for stage in stages:
+            ratios, on, off = paired(stage, steps, Path(tmp) / f"z{stage}")
+            q1, med, q3 = statistics.quantiles(ratios, n=4)
+            lines.append(f"ZeRO-{stage:<3}{len(ratios):>7}{on * 1e3:>10.2f}{off * 1e3:>10.2f}{med:>15.3f}"
+                         f"{f'{q1:.3f}-{q3:.3f}':>16}")  # fmt: skip
+    print("\n".join(lines), flush=True)
+
+
+def separate_runs(stages: list[int], steps: int, rounds: int) -> None:
     results: dict[tuple[int, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="metrics-overhead-") as tmp:
-        for stage in args.stages:
-            for rnd in range(args.rounds):
+        for stage in stages:
+            for rnd in range(rounds):
                 order = MODES if rnd % 2 == 0 else tuple(reversed(MODES))
                 for mode in order:
-                    median = run_once(stage, args.steps, mode, Path(tmp) / f"z{stage}-{mode}-{rnd}")
+                    median = run_once(stage, steps, mode, Path(tmp) / f"z{stage}-{mode}-{rnd}")
                     results.setdefault((stage, mode), []).append(median)
                     print(f"ZeRO-{stage} round {rnd} {mode:<9} median step {median * 1000:8.2f} ms", flush=True)
     print(f"\n{'stage':<8}{'off ms':>10}{'on ms':>10}{'on/off':>9}{'dslogger ms':>13}{'dslogger/off':>14}")
-    for stage in args.stages:
+    for stage in stages:
         off, on, ds = (statistics.mean(results[(stage, m)]) for m in MODES)
         print(f"ZeRO-{stage:<3}{off * 1e3:>10.2f}{on * 1e3:>10.2f}{on / off:>9.3f}{ds * 1e3:>13.2f}{ds / off:>14.3f}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -18,8 +18,12 @@ time goes.
 
     PYTHONPATH=. .venv/bin/python benchmarks/operator_scale.py [--jobs 200] [--idle-jobs 500] [--idle-seconds 60]
         [--no-floor] [--workers N] [--profile burst.txt]   # py-spy (bench group) samples the operator's burst
+    PYTHONPATH=. .venv/bin/python benchmarks/operator_scale.py --smoke   # 3 jobs, 4 idle: every path, ~1 min
 
-Run on demand; timings on a shared 2-core machine are noisy, so nothing asserts them.
+Run on demand; timings on a shared 2-core machine are noisy, so nothing asserts them. A burst in
+which some job never got its StatefulSet (or, for the operator, never ran), or a floor write
+that failed, ends the run with exit status 1 and no figures: a partial burst's percentiles
+would describe the jobs that happened to succeed.
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ def watch_times(cluster: LocalCluster, path: str, stop: threading.Event, seen: d
                         return
                     if not line:
                         continue
-                    event = requests.models.complexjson.loads(line)
+                    event = json.loads(line)
                     obj = event.get("object", {})
                     name = obj.get("metadata", {}).get("name", "")
                     if name and name not in seen and pred(obj):
@@ -129,6 +133,10 @@ def document(namespace: str, i: int) -> dict[str, Any]:
     return doc
 
 
+class MeasurementFailed(Exception):
+    """A burst or the idle phase produced no complete measurement; the run prints no figures."""
+
+
 @dataclass
 class Burst:
     to_sts: list[float]
@@ -137,6 +145,17 @@ class Burst:
     created_within: float
     cpu: dict[str, float]
     requests: dict[str, float]
+
+    def require_complete(self, label: str, jobs: int, until_running: bool, timeout: float) -> None:
+        """Raise `MeasurementFailed` unless every job got its StatefulSet (and ran, when asked)."""
+        if len(self.to_sts) < jobs:
+            raise MeasurementFailed(
+                f"{label}: {len(self.to_sts)} of {jobs} jobs got a StatefulSet within {timeout:.0f} s"
+            )
+        if until_running and len(self.to_run) < jobs:
+            raise MeasurementFailed(
+                f"{label}: {len(self.to_run)} of {jobs} jobs reached Running within {timeout:.0f} s"
+            )
 
     def request_line(self) -> str:
         jobs = max(1, len(self.to_sts))
@@ -167,8 +186,12 @@ def burst(
     until_running: bool,
     first: int = 0,
     timeout: float = 600,
+    failures: list[str] | None = None,
 ) -> Burst:
-    """Create jobs first..first+jobs-1 from 16 threads; time each to its StatefulSet (and to Running)."""
+    """Create jobs first..first+jobs-1 from 16 threads; time each to its StatefulSet (and to Running).
+
+    Stops waiting at `timeout`, or as soon as `failures` (a writer's error list) is not empty.
+    """
     stop = threading.Event()
     sts_seen: dict[str, float] = {}
     running_seen: dict[str, float] = {}
@@ -184,9 +207,13 @@ def burst(
     time.sleep(1)
     kube = cluster.kube()
     applied: dict[str, float] = {}
+    failed = failures if failures is not None else []
 
     def one(i: int) -> None:
         applied[f"job-{i:04d}"] = create(kube, i)  # when the job existed
+
+    def waiting(seen: dict[str, float]) -> bool:
+        return time.monotonic() < deadline and not failed and len(set(applied) - set(seen)) > 0
 
     before = cpu_by_process(operator_pid)
     asked = api_requests(kube)
@@ -195,12 +222,12 @@ def burst(
         list(pool.map(one, range(first, first + jobs)))
     created_within = time.monotonic() - started
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and len(set(applied) - set(sts_seen)) > 0:
+    while waiting(sts_seen):
         time.sleep(0.2)
     wall = time.monotonic() - started
     spent = {name: cpu - before.get(name, 0.0) for name, cpu in cpu_by_process(operator_pid).items()}
     requests = {name: n - asked.get(name, 0.0) for name, n in api_requests(kube).items()}
-    while until_running and time.monotonic() < deadline and len(set(applied) - set(running_seen)) > 0:
+    while until_running and waiting(running_seen):
         time.sleep(1)
     stop.set()
     to_sts = [sts_seen[n] - t for n, t in applied.items() if n in sts_seen]
@@ -212,7 +239,8 @@ class IdealController:
     """The floor: a controller that only writes. It watches jobs like the operator does, and the
     moment one appears, one of 16 threads server-side applies its children (planned and
     rendered before the clock started) and writes its status. No decisions, no indexes, no
-    events: what it takes is what the apiserver and this machine need for a burst's writes."""
+    events: what it takes is what the apiserver and this machine need for a burst's writes.
+    A write that fails lands in `failures`, which ends the burst's wait."""
 
     def __init__(self, cluster: LocalCluster, jobs: int) -> None:
         from kubernetes import config
@@ -227,6 +255,7 @@ class IdealController:
         api.configuration.connection_pool_maxsize = 20
         self.io = KubernetesClusterIO(api)
         self.cluster = cluster
+        self.failures: list[str] = []
         options = RenderOptions(trainer_image=IMAGE)
         self.prepared: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {}
         for i in range(jobs):
@@ -261,15 +290,15 @@ class IdealController:
         try:
             self._write_children(meta)
         except Exception as exc:  # a failed write must be seen, not leave the burst waiting
-            print(f"floor: writing the children of {meta['name']} failed: {exc!r}", file=sys.stderr)
-            raise
+            self.failures.append(f"floor: writing the children of {meta['name']} failed: {exc!r}")
+            print(self.failures[-1], file=sys.stderr)
 
     def _write_children(self, meta: dict[str, Any]) -> None:
         children, status = self.prepared[meta["name"]]
         for child in children:
             for owner in child["metadata"].get("ownerReferences", []):
                 owner["uid"] = meta["uid"]
-        self.io.apply(children)
+        self.io.apply(children, owner_uid=meta["uid"])
         self.io.patch_status(FLOOR_NS, meta["name"], meta["resourceVersion"], status)
 
     def close(self) -> None:
@@ -299,70 +328,125 @@ def delete_namespace(kube: Kube, namespace: str, timeout: float = 300) -> None:
         time.sleep(1)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+@dataclass(frozen=True)
+class Sizes:
+    """How big a run is, and how long it waits for each phase."""
+
+    jobs: int
+    idle_jobs: int
+    idle_seconds: float
+    timeout: float
+    """Seconds a burst waits for its last StatefulSet (and Running)."""
+    settle: float
+    """Seconds between phases, for the garbage collector's and the endpoint controllers' clean-up."""
+
+
+SMOKE = Sizes(jobs=3, idle_jobs=4, idle_seconds=3, timeout=120, settle=2)
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Sizes]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--idle-jobs", type=int, default=500)
     parser.add_argument("--idle-seconds", type=float, default=60)
+    parser.add_argument("--timeout", type=float, default=600, help="seconds a burst waits for its StatefulSets")
     parser.add_argument("--no-floor", action="store_true", help="skip the no-operator baseline")
     parser.add_argument("--workers", type=int, default=None, help="the operator's --workers (default: its own)")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the operator during the burst into FILE")
-    args = parser.parse_args()
-    nodes = (max(args.jobs, args.idle_jobs) + 7) // 8
-    work = Path(tempfile.mkdtemp(prefix="ftjob-scale-"))
-    with LocalCluster(work / "cluster", gpu_nodes=nodes) as cluster:
+    parser.add_argument("--smoke", action="store_true", help=f"the smallest run of every path: {SMOKE}")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        return args, SMOKE
+    return args, Sizes(args.jobs, args.idle_jobs, args.idle_seconds, args.timeout, settle=15)
+
+
+def measure_floor(cluster: LocalCluster, sizes: Sizes) -> Burst:
+    kube = cluster.kube()
+    kube.create("/api/v1/namespaces", {"metadata": {"name": FLOOR_NS}})
+    ideal = IdealController(cluster, sizes.jobs)
+    time.sleep(1)
+    try:
+        floor = burst(cluster, FLOOR_NS, sizes.jobs, floor_creator, None, until_running=False,
+                      timeout=sizes.timeout, failures=ideal.failures)  # fmt: skip
+    finally:
+        ideal.close()
+    if ideal.failures:
+        raise MeasurementFailed(f"{len(ideal.failures)} floor writes failed, the first: {ideal.failures[0]}")
+    floor.require_complete("floor", sizes.jobs, until_running=False, timeout=sizes.timeout)
+    delete_namespace(kube, FLOOR_NS)
+    time.sleep(sizes.settle)
+    return floor
+
+
+def measure_operator(
+    cluster: LocalCluster, operator: OperatorProcess, sizes: Sizes, profile: Path | None, floor: Burst | None
+) -> None:
+    assert operator.proc is not None
+    pid = operator.proc.pid
+    spy = start_profile(pid, profile) if profile else None
+    measured = burst(cluster, NS, sizes.jobs, user_creator, pid, True, timeout=sizes.timeout)
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
+        print(f"profile of the operator during the burst: {profile}")
+    measured.require_complete("operator", sizes.jobs, until_running=True, timeout=sizes.timeout)
+    lines = [measured.line("operator"), measured.request_line()]
+    if floor is not None:
+        ratio = measured.wall_to_last_sts / floor.wall_to_last_sts
+        lines.append(f"operator / floor, burst start → last StatefulSet: {ratio:.2f}x")
+    lines += [run.cpu_line(label) for label, run in (("floor", floor), ("operator", measured)) if run is not None]
+    print("\n".join(lines), flush=True)
+    total = len(measured.to_run)
+    if sizes.idle_jobs > sizes.jobs:
+        more = sizes.idle_jobs - sizes.jobs
+        rest = burst(cluster, NS, more, user_creator, pid, True, first=sizes.jobs, timeout=sizes.timeout)
+        rest.require_complete("operator, jobs kept for the idle phase", more, until_running=True, timeout=sizes.timeout)
+        total += len(rest.to_run)
+    proc = psutil.Process(pid)
+    time.sleep(min(10, sizes.settle))
+    cpu0, t0 = proc.cpu_times(), time.monotonic()
+    rss: list[int] = []
+    while not rss or time.monotonic() - t0 < sizes.idle_seconds:
+        rss.append(proc.memory_info().rss)
+        time.sleep(1)
+    cpu1 = proc.cpu_times()
+    used = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    print(f"idle with {total} running jobs: RSS max {max(rss) / 2**20:.0f} MiB, "
+          f"CPU {100 * used / (time.monotonic() - t0):.1f}% of one core (interval 5 s)")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, sizes = parse_args(argv)
+    nodes = (max(sizes.jobs, sizes.idle_jobs) + 7) // 8
+    with (
+        tempfile.TemporaryDirectory(prefix="ftjob-scale-") as tmp,
+        LocalCluster(Path(tmp) / "cluster", gpu_nodes=nodes) as cluster,
+    ):
+        work = Path(tmp)
         kube = cluster.kube()
         install_crd(kube)
-        floor: Burst | None = None
-        if not args.no_floor:
-            kube.create("/api/v1/namespaces", {"metadata": {"name": FLOOR_NS}})
-            ideal = IdealController(cluster, args.jobs)
-            time.sleep(1)
-            floor = burst(cluster, FLOOR_NS, args.jobs, floor_creator, None, until_running=False)
-            ideal.close()
-            print(floor.line("floor"), flush=True)
-            print(floor.request_line(), flush=True)
-            delete_namespace(kube, FLOOR_NS)
-            time.sleep(15)  # the garbage collector's and endpoint controllers' clean-up settles first
-        kube.create("/api/v1/namespaces", {"metadata": {"name": NS}})
-        flags = ("--interval", "5", "--namespace", NS, *(("--workers", str(args.workers)) if args.workers else ()))
-        operator = OperatorProcess(cluster.kubeconfig, work / "operator.log", extra_args=flags)
-        operator.start()
-        assert operator.proc is not None
-        spy = start_profile(operator.proc.pid, args.profile) if args.profile else None
-        measured = burst(cluster, NS, args.jobs, user_creator, operator.proc.pid, True)
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)
-            spy.wait(60)
-            print(f"profile of the operator during the burst: {args.profile}")
-        print(measured.line("operator"))
-        print(measured.request_line())
-        if floor is not None:
-            ratio = measured.wall_to_last_sts / floor.wall_to_last_sts
-            print(f"operator / floor, burst start → last StatefulSet: {ratio:.2f}x")
-        for label, run in (("floor", floor), ("operator", measured)):
-            if run is not None:
-                print(run.cpu_line(label))
-        total = len(measured.to_run)
-        if args.idle_jobs > args.jobs:
-            rest = burst(
-                cluster, NS, args.idle_jobs - args.jobs,
-                user_creator, operator.proc.pid, True, first=args.jobs,
-            )  # fmt: skip
-            total += len(rest.to_run)
-        proc = psutil.Process(operator.proc.pid)
-        time.sleep(10)
-        cpu0, t0 = proc.cpu_times(), time.monotonic()
-        rss = []
-        while time.monotonic() - t0 < args.idle_seconds:
-            rss.append(proc.memory_info().rss)
-            time.sleep(1)
-        cpu1 = proc.cpu_times()
-        used = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
-        print(f"idle with {total} running jobs: RSS max {max(rss) / 2**20:.0f} MiB, "
-              f"CPU {100 * used / (time.monotonic() - t0):.1f}% of one core (interval 5 s)")  # fmt: skip
-        operator.stop()
+        operator: OperatorProcess | None = None
+        try:
+            floor = None
+            if not args.no_floor:
+                floor = measure_floor(cluster, sizes)
+                print(floor.line("floor"), flush=True)
+                print(floor.request_line(), flush=True)
+            kube.create("/api/v1/namespaces", {"metadata": {"name": NS}})
+            flags = ("--interval", "5", "--namespace", NS, *(("--workers", str(args.workers)) if args.workers else ()))
+            operator = OperatorProcess(cluster.kubeconfig, work / "operator.log", extra_args=flags)
+            operator.start()
+            measure_operator(cluster, operator, sizes, args.profile, floor)
+        except MeasurementFailed as exc:
+            print(f"operator_scale: measurement failed, no figures: {exc}", file=sys.stderr)
+            if operator is not None:
+                print(f"the operator's log ends:\n{operator.log_tail()}", file=sys.stderr)
+            return 1
+        finally:
+            if operator is not None:
+                operator.stop()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

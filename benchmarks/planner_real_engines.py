@@ -8,14 +8,19 @@ weights and Adam states. The planner's prediction for the same job is printed be
 it. Run on demand; nothing here is asserted by the tests.
 
     DS_ACCELERATOR=cpu .venv/bin/python benchmarks/planner_real_engines.py [--full-matrix]
+    DS_ACCELERATOR=cpu .venv/bin/python benchmarks/planner_real_engines.py --smoke   # LoRA, ZeRO-2 and ZeRO-3 offload
+
+A rank that fails ends the benchmark at once with exit status 1 (the other rank is stopped).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import queue
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +147,7 @@ def _rank_main(rank: int, port: int, config_dir: str, method: str, strategy: tup
 
     hf_config = build_config(model_config_from(config_dir))
     with deepspeed.zero.Init(enabled=strategy[0] == 3, config_dict_or_path=ds_config):
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
     if method == "lora":
         import peft
 
@@ -170,9 +175,30 @@ def model_config_from(config_dir: str) -> dict[str, Any]:
     return dict(json.loads((Path(config_dir) / "config.json").read_text()))
 
 
-def measure(
-    size: str, method: str, strategy: tuple[int, str, str], workdir: Path
-) -> tuple[dict[str, int], dict[str, int]]:
+class RankFailed(RuntimeError):
+    """A rank exited without handing back its measurement."""
+
+
+def collect(results: Any, procs: list[Any], timeout: float) -> list[tuple[int, dict[str, int]]]:
+    """One result per rank; stop as soon as a rank failed, or all exited, without one (it would never come)."""
+    got: list[tuple[int, dict[str, int]]] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < len(procs):
+        try:
+            got.append(results.get(timeout=1))
+            continue
+        except queue.Empty:
+            pass
+        codes = [p.exitcode for p in procs]
+        failed = any(code not in (None, 0) for code in codes) or None not in codes
+        if failed or time.monotonic() > deadline:
+            for proc in procs:
+                proc.kill()
+            raise RankFailed(f"rank exit codes {codes}" if failed else f"no result within {timeout:.0f} s")
+    return got
+
+
+def measure(size: str, method: str, strategy: tuple[int, str, str], workdir: Path) -> tuple[dict[str, int], int]:
     import json
 
     import torch.multiprocessing as mp
@@ -184,30 +210,33 @@ def measure(
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     context = mp.get_context("spawn")
-    queue = context.Queue()
+    handed_back = context.Queue()
     procs = [
-        context.Process(target=_rank_main, args=(rank, port, str(config_dir), method, strategy, queue))
+        context.Process(target=_rank_main, args=(rank, port, str(config_dir), method, strategy, handed_back))
         for rank in range(2)
     ]
     for proc in procs:
         proc.start()
-    results = [queue.get(timeout=600) for _ in procs]
+    results = collect(handed_back, procs, timeout=600)
     for proc in procs:
         proc.join()
     rank0 = next(r for r in results if r[0] == 0)
     return rank0[1], predicted_bytes(str(config_dir), method, strategy)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--full-matrix", action="store_true", help="every size × method × strategy (slow)")
-    parser.add_argument("--sizes", nargs="*", default=None)
-    args = parser.parse_args()
+    parser.add_argument("--sizes", nargs="*", default=None, choices=list(SIZES))
+    parser.add_argument("--smoke", action="store_true", help="llama-10m LoRA under ZeRO-2 and ZeRO-3 + offload")
+    args = parser.parse_args(argv)
     import tempfile
 
     sizes = args.sizes or (list(SIZES) if args.full_matrix else ["llama-10m"])
     methods = ["full", "lora"]
     strategies = STRATEGIES
+    if args.smoke:  # the two ways of counting held bytes: flat ZeRO-1/2 buffers, ZeRO-3 partitions
+        sizes, methods, strategies = ["llama-10m"], ["lora"], [(2, "none", "none"), (3, "cpu", "none")]
     print(
         f"{'model':11} {'method':6} {'strategy':24} {'held MiB':>9} {'predicted':>9} {'diff':>7}"
         "   held per rank: params16/grads/master/adam (MiB)"
@@ -216,7 +245,11 @@ def main() -> int:
         for size in sizes:
             for method in methods:
                 for strategy in strategies:
-                    held, predicted = measure(size, method, strategy, Path(tmp))
+                    try:
+                        held, predicted = measure(size, method, strategy, Path(tmp))
+                    except RankFailed as exc:
+                        print(f"planner_real_engines: {size} {method} {strategy}: {exc}", file=sys.stderr)
+                        return 1
                     held_total = sum(held.values())
                     predicted_total = predicted
                     label = f"z{strategy[0]} opt={strategy[1]} par={strategy[2]}"

@@ -5,6 +5,7 @@ checked; the full depth only multiplies them), traced with fake tensors at the g
 sequence length, and compared with `activations.py`.
 
     .venv/bin/python benchmarks/planner_traced_vs_analytical.py [--seq 1024] [--layers 4]
+    .venv/bin/python benchmarks/planner_traced_vs_analytical.py --smoke   # tiny-llama, seq 128, 2 layers
 """
 
 from __future__ import annotations
@@ -50,12 +51,17 @@ def cut_to_layers(config: dict[str, Any], layers: int) -> tuple[dict[str, Any], 
     return cut, kept
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--models", nargs="*", default=MODELS)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="tiny-llama at seq 128 with 2 layers")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.models, args.seq, args.layers = ["tiny-llama"], 128, 2
+    if not args.models:
+        parser.error("--models: name at least one catalogue model")
 
     from finetune_operator.api.spec import FineTuneJobSpec
     from finetune_operator.plan.activations import activation_bytes

