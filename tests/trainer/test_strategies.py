@@ -72,3 +72,26 @@ def test_two_ranks_train_and_save(
         assert lora_b and any(float(t.abs().sum()) > 0 for t in lora_b)
         assert (folder / "adapter_config.json").exists()
     assert (out / "COMPLETED.json").exists()
+
+
+@pytest.mark.timeout(240)
+def test_zero3_bf16_lora_that_trains_embeddings_initialises(
+    tmp_path: Path, reverse_jsonl: Path, launch: Callable[..., Run]
+) -> None:
+    """The demo model trains its embeddings and head beside LoRA (`modules_to_save`): in bf16 those
+    copies are bf16 and peft's adapters fp32, and ZeRO-3 (without offload) refused the mix in
+    `deepspeed.initialize` (`assert len(set(t.dtype for t in tensors)) == 1`): the e2e OOM re-plan
+    to ZeRO-3 restarted into that assertion until its budget was gone."""
+    manifest = job_manifest(
+        "builtin://tiny-llama",
+        str(reverse_jsonl),
+        "/out",
+        deepspeed={"zeroStage": 3, "offloadOptimizer": "none", "offloadParams": "none"},
+        training={"maxSteps": 3, "precision": "bf16", "checkpointEverySteps": 2},
+    )
+    out = tmp_path / "out"
+    run = launch(render_config(tmp_path / "config", manifest), out)
+    assert run.wait(220) == 0, run.log()[-3000:]
+    assert "bf16 on CPU (optimizer DeepSpeedZeroOptimizer_Stage3)" in run.log(), run.log()[-3000:]
+    assert sorted(run.losses()) == [1, 2, 3]
+    assert (out / "checkpoints" / "step-00000002" / "trainer_state.json").is_file()

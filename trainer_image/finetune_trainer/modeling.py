@@ -287,10 +287,28 @@ def load_model(
         from peft import get_peft_model
 
         model = get_peft_model(model, _lora_config(spec, model))
+        if plan.zero_stage == 3 and method == MethodType.LORA and dtype in (torch.bfloat16, torch.float16):
+            uniform_trainable_dtype(model, dtype)
     else:
         for param in model.parameters():
             param.requires_grad_(True)
     return model
+
+
+def uniform_trainable_dtype(model: Any, dtype: Any) -> None:
+    """Give every trainable parameter of a 16-bit ZeRO-3 LoRA model the compute dtype.
+
+    peft keeps adapter weights in fp32 beside a bf16 base (`autocast_adapter_dtype`), while the
+    copies of `modules_to_save` (the demo's embeddings and head) stay bf16. ZeRO-3 flattens the
+    trainable partitions into one buffer and refuses mixed dtypes (`assert len(set(t.dtype for t
+    in tensors)) == 1` in `deepspeed.runtime.zero.utils.defragment`), so a bf16 ZeRO-3 LoRA job
+    with trained embeddings failed in `deepspeed.initialize` (the OOM re-plan to ZeRO-3 looped on
+    it). ZeRO-0 to 2 get the same result from DeepSpeed, which casts the whole module to the
+    16-bit dtype; the fp32 masters live in the optimizer either way.
+    """
+    for param in model.parameters():
+        if param.requires_grad and param.dtype != dtype and not hasattr(param, "ds_id"):
+            param.data = param.data.to(dtype)
 
 
 def keep_4bit_training_layout(model: Any) -> None:
