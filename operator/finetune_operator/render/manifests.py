@@ -18,6 +18,7 @@ from ..api.status import PlanStatus
 from .config_files import config_files
 from .identity import config_map_name, labels, metadata, selector_labels
 from .options import RenderOptions
+from .scratch import scratch_bytes
 from .workers import headless_service, statefulset
 
 
@@ -43,7 +44,9 @@ def gang_hash(job: FineTuneJob, plan: PlanStatus, options: RenderOptions) -> str
     Pods carry it as an annotation; when it differs from the desired one, the running
     gang is stale (new plan, image, env, resources) and is restarted as a whole.
     """
-    template = statefulset(job, options, 0, "", plan.host_bytes_per_node)["spec"]["template"]
+    template = statefulset(job, options, 0, "", plan.host_bytes_per_node, scratch_bytes=scratch_bytes(job.spec, plan))[
+        "spec"
+    ]["template"]
     digest = hashlib.sha256(config_hash(config_map(job, plan)).encode())
     digest.update(json.dumps(template, sort_keys=True).encode())
     return digest.hexdigest()[:16]
@@ -96,6 +99,7 @@ def render_all(
         replicas,
         gang if gang is not None else gang_hash(job, plan, options),
         plan.host_bytes_per_node,
+        scratch_bytes=scratch_bytes(job.spec, plan),
     )
     if placement:
         pod_spec = workers["spec"]["template"]["spec"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from ..api.object_storage import ObjectStorageSpec
 
 DEFAULT_TRAINER_IMAGE = "ghcr.io/finetune-operator/trainer:0.1.0"
 
@@ -20,3 +22,6 @@ class RenderOptions:
     termination_grace_seconds: int = 60
     default_queue_name: str | None = None
     """Kueue LocalQueue for jobs that name none (None: such jobs are not queued)."""
+    object_storage: ObjectStorageSpec = field(default_factory=ObjectStorageSpec)
+    """Connection defaults for jobs' s3:// URIs (endpoint, region, pathStyle, caBundle); a job's
+    `spec.objectStorage` overrides them field by field."""
