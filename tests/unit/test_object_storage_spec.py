@@ -48,7 +48,12 @@ def problems(tmp_path: Path, capsys: pytest.CaptureFixture[str], **spec: Any) ->
 
 def test_s3_uris_are_accepted_for_model_data_and_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     job = s3_job()
-    assert set(job.spec.s3_uris) == {"spec.model.uri", "spec.dataset.uri", "spec.dataset.validationUri", "spec.output.uri"}
+    assert set(job.spec.s3_uris) == {
+        "spec.model.uri",
+        "spec.dataset.uri",
+        "spec.dataset.validationUri",
+        "spec.output.uri",
+    }
     assert problems(tmp_path, capsys, **job.model_dump(mode="json", by_alias=True, exclude_none=True)["spec"]) == []
 
 
@@ -129,7 +134,10 @@ def test_a_multi_node_job_with_output_on_s3_writes_no_shared_claim() -> None:
 
 def test_operator_defaults_fill_what_the_job_leaves_unset() -> None:
     defaults = ObjectStorageSpec(
-        endpoint="https://s3.internal:9000", region="eu-1", path_style=True, ca_bundle=ConfigMapKey(name="ca", key="pem")
+        endpoint="https://s3.internal:9000",
+        region="eu-1",
+        path_style=True,
+        ca_bundle=ConfigMapKey(name="ca", key="pem"),
     )
     job = s3_job(objectStorage={"credentials": {"secretName": "s3-keys"}, "region": "us-west-2"})
     pod = pod_of(job, RenderOptions(object_storage=defaults))
