@@ -166,3 +166,10 @@ def test_jobs_without_s3_render_as_before() -> None:
     pod = pod_of(make_job())
     assert not any(name.startswith(("FTJOB_S3", "AWS_")) for name in env_of(pod))
     assert {v["name"] for v in pod["volumes"]}.isdisjoint({"scratch", "s3-ca"})
+
+
+def test_planning_an_s3_model_asks_for_its_architecture() -> None:
+    from finetune_operator.plan.model_source import UnknownArchitectureError, resolve_model
+
+    with pytest.raises(UnknownArchitectureError, match="does not read object storage.*model.architecture"):
+        resolve_model(make_job(model={"uri": "s3://models/x"}, **CREDS).spec.model)
