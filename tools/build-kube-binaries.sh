@@ -2,12 +2,14 @@
 # Build the Kubernetes control-plane binaries the local cluster needs, from the Go module
 # proxy, and cache them by version outside the work tree.
 #
-#   tools/build-kube-binaries.sh [core] [kueue]      (default: core)
+#   tools/build-kube-binaries.sh [core] [kueue] [s3]      (default: core)
 #
 #   core   etcd, kwok (+ its Stage examples), helm, kube-apiserver, kube-controller-manager,
 #          kube-scheduler, kubectl: what the demo and the cluster tests start
 #   kueue  Kueue's manager with its CRDs and webhook configurations: only the Kueue tests use
 #          it, so it is built on their first run (finetune_localcluster.binaries.ensure_binaries)
+#   s3     SeaweedFS's `weed` (Apache-2.0): an S3-compatible server for the object-storage tests
+#          and demo, built on the first run of a test that needs it
 #
 # Why: this machine kind has no Docker, kind or download site, only the Go module proxy.
 # The binaries are built once (about 12 minutes cold on 2 cores, Kueue another ~5) and reused;
@@ -20,6 +22,7 @@
 #   helm/<helm-version>/bin/helm
 #   kueue/<kueue-version>/bin/kueue, kueue/<kueue-version>/crd/ (its CRD yamls) and
 #   kueue/<kueue-version>/webhook/manifests.yaml (its webhook configurations)
+#   seaweedfs/<seaweedfs-version>/bin/weed
 #   logs/<step>.log (the go output of the last build of each step)
 # Environment: FTJOB_CACHE_DIR, FTJOB_BUILD_JOBS (default 2), and the usual GOCACHE /
 # GOMODCACHE / GOPROXY, which are reused between runs.
@@ -30,6 +33,8 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
+# SeaweedFS publishes no module-proxy tags; this pseudo-version is the pinned commit.
+SEAWEEDFS_VERSION="${SEAWEEDFS_VERSION:-v0.0.0-20261109003541-7506e5f91cd6}"
 CACHE_DIR="${FTJOB_CACHE_DIR:-$HOME/.cache/finetune-operator}"
 JOBS="${FTJOB_BUILD_JOBS:-2}"
 BUILD_DATE="2026-01-01T00:00:00Z"
@@ -52,13 +57,14 @@ log() { echo "build-kube-binaries: $*"; }
 
 targets=("$@")
 ((${#targets[@]})) || targets=(core)
-want_core=0; want_kueue=0
+want_core=0; want_kueue=0; want_s3=0
 for t in "${targets[@]}"; do
   case $t in
     core) want_core=1 ;;
     kueue) want_kueue=1 ;;
-    all) want_core=1; want_kueue=1 ;;
-    *) die "unknown target '$t' (core, kueue, all)" ;;
+    s3) want_s3=1 ;;
+    all) want_core=1; want_kueue=1; want_s3=1 ;;
+    *) die "unknown target '$t' (core, kueue, s3, all)" ;;
   esac
 done
 
@@ -71,15 +77,18 @@ etcd_dir="$CACHE_DIR/etcd/$ETCD_VERSION"
 kwok_dir="$CACHE_DIR/kwok/$KWOK_VERSION"
 helm_dir="$CACHE_DIR/helm/$HELM_VERSION"
 kueue_dir="$CACHE_DIR/kueue/$KUEUE_VERSION"
+seaweedfs_dir="$CACHE_DIR/seaweedfs/$SEAWEEDFS_VERSION"
 
 have_etcd() { have_all "$etcd_dir/bin" etcd; }
 have_kwok() { have_all "$kwok_dir/bin" kwok && [[ -d "$kwok_dir/stage" ]]; }
 have_helm() { have_all "$helm_dir/bin" helm; }
 have_kube() { have_all "$kube_dir/bin" $KUBE_BINS; }
 have_kueue() { have_all "$kueue_dir/bin" kueue && [[ -d "$kueue_dir/crd" && -f "$kueue_dir/webhook/manifests.yaml" ]]; }
+have_s3() { have_all "$seaweedfs_dir/bin" weed; }
 all_cached() {
   if ((want_core)); then have_etcd && have_kwok && have_helm && have_kube || return 1; fi
   if ((want_kueue)); then have_kueue || return 1; fi
+  if ((want_s3)); then have_s3 || return 1; fi
 }
 if all_cached; then log "cache is warm: $CACHE_DIR (${targets[*]}: nothing to build)"; exit 0; fi
 
@@ -109,6 +118,7 @@ if ((want_core)); then
   fi
 fi
 ((want_kueue)) && ! have_kueue && plan kueue 300
+((want_s3)) && ! have_s3 && plan "seaweedfs modules" 120 && plan seaweedfs 900
 
 log "go: $(go version); GOPROXY=$(go env GOPROXY); go output goes to $LOG_DIR/<step>.log"
 if ! timeout 120 go list -m "k8s.io/kubernetes@$K8S_VERSION" >"$LOG_DIR/proxy-check.log" 2>&1; then
@@ -221,6 +231,24 @@ build_kueue() {
   cp "$src/webhook/manifests.yaml" "$kueue_dir/webhook/"; chmod -R u+w "$kueue_dir/crd" "$kueue_dir/webhook"
 }
 
+build_s3() {
+  # SeaweedFS's go.mod has a replace line (go-bip39 -> its maintained fork), so `go install
+  # pkg@version` refuses it: a throwaway module requires it and repeats the replace. The default
+  # build tags leave out its optional backends (rclone, tikv, ydb, ...), which the tests never use.
+  local m="$WORK/seaweedfs"
+  step "seaweedfs modules" bash -c "
+    set -e
+    mkdir -p '$m' && cd '$m'
+    go mod init ftjob.local/build >/dev/null 2>&1
+    go mod edit -go=1.26.6
+    go mod edit -require='github.com/seaweedfs/seaweedfs@$SEAWEEDFS_VERSION'
+    go mod edit -replace=github.com/tyler-smith/go-bip39=github.com/cosmos/go-bip39@v1.0.0
+    go get 'github.com/seaweedfs/seaweedfs/weed@$SEAWEEDFS_VERSION'"
+  mkdir -p "$m/out"
+  step seaweedfs bash -c "cd '$m' && go build -mod=mod -p '$JOBS' -trimpath -ldflags '-s -w' -o out/weed github.com/seaweedfs/seaweedfs/weed"
+  mkdir -p "$seaweedfs_dir"; rm -rf "$seaweedfs_dir/bin"; mv "$m/out" "$seaweedfs_dir/bin"
+}
+
 if ((want_core)); then
   have_etcd || build_etcd
   have_kwok || build_kwok
@@ -228,5 +256,6 @@ if ((want_core)); then
   have_kube || build_kube
 fi
 if ((want_kueue)); then have_kueue || build_kueue; fi
+if ((want_s3)); then have_s3 || build_s3; fi
 
 log "built ${targets[*]} in $(mmss $((SECONDS - TOTAL_START))); cache $CACHE_DIR ($(du -sh "$CACHE_DIR" | cut -f1))"

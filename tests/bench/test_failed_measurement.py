@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks.operator_scale import Burst, MeasurementFailed
 from benchmarks.planner_real_engines import RankFailed, collect
-from tests.bench.test_smoke import run_script
+from tests.support.scripts import run_script
 
 
 def burst(to_sts: int, to_run: int) -> Burst:

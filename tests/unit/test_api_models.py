@@ -70,7 +70,7 @@ def test_wire_round_trip_is_exact() -> None:
         (  # a built-in model is no dataset: the field takes the dataset locations, as dataset.uri does
             {"dataset": {"validationUri": "builtin://tiny-llama"}},
             "spec.dataset.validationUri: invalid value 'builtin://tiny-llama': must be a hub id (org/name or "
-            "hf://org/name), pvc://claim/path, an absolute path, or one of builtin://reverse-words",
+            "hf://org/name), pvc://claim/path, s3://bucket/prefix",
         ),
         (
             {"training": {"globalBatchSize": 10, "microBatchSize": 4}},

@@ -571,3 +571,21 @@ def test_the_values_reference_notices_an_undocumented_or_changed_value() -> None
         reference(text + "# ghost.key -- documented but not a value\n")
     with pytest.raises(ValueError, match="marker lines"):
         rendered_readme("a README without the markers\n", text)
+
+
+@needs_helm
+def test_object_storage_values_become_the_operators_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    from finetune_operator.cli.operator_cmd import object_storage_defaults
+
+    args, _ = _operator_args(render(), monkeypatch)
+    assert object_storage_defaults(args).model_dump(exclude_none=True) == {}
+    objects = render(
+        "objectStorage.endpoint=https://s3.internal:9000",
+        "objectStorage.region=eu-1",
+        "objectStorage.pathStyle=true",
+        "objectStorage.caBundle.configMapName=corp-ca",
+    )
+    args, _ = _operator_args(objects, monkeypatch)
+    defaults = object_storage_defaults(args)
+    assert (defaults.endpoint, defaults.region, defaults.path_style) == ("https://s3.internal:9000", "eu-1", True)
+    assert defaults.ca_bundle is not None and (defaults.ca_bundle.name, defaults.ca_bundle.key) == ("corp-ca", "ca.crt")

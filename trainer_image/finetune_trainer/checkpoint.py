@@ -166,8 +166,8 @@ def fault_point(where: str, step: int, once_in: Path | None = None) -> None:
     real `torch.OutOfMemoryError` there, as a CUDA allocation would, so the operator's
     out-of-memory re-plan can be driven by real ranks. Each variable may name several points,
     comma-separated. With `once_in` (the output folder) a kill or an out-of-memory error fires
-    once per rank and point (a marker is kept there): the restarted gang, started with the same
-    environment, passes it and meets the next one."""
+    once per rank and point (a marker is kept there, or in FTJOB_FAULT_ONCE_DIR when set): the
+    restarted gang, started with the same environment, passes it and meets the next one."""
     here = f"{where}:{step}"
 
     def armed(variable: str) -> bool:
@@ -176,7 +176,8 @@ def fault_point(where: str, step: int, once_in: Path | None = None) -> None:
     def first_time(kind: str) -> bool:
         if once_in is None:
             return True
-        marker = once_in / f".fault-{kind}-{where}-{step}-rank{os.environ.get('RANK', '0')}"
+        folder = Path(os.environ.get("FTJOB_FAULT_ONCE_DIR") or once_in)  # e.g. outliving a pod's scratch
+        marker = folder / f".fault-{kind}-{where}-{step}-rank{os.environ.get('RANK', '0')}"
         if marker.exists():
             return False
         marker.touch()

@@ -29,7 +29,8 @@ from typing import Any
 
 from finetune_operator.api.pod_contract import TrainingSummary
 
-from . import outcome, process_tree, shm_segments
+from . import outcome, process_tree, s3_checkpoints, s3_inputs, shm_segments
+from .objstore import StoreError
 from .paths import completion_marker
 from .prefetch import prefetch
 from .settings import ConfigError, JobConfig, env_int, load_config
@@ -126,6 +127,13 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
         message = outcome.one_line(f"{outcome.CONFIG_ERROR}: {exc}")
         outcome.write_termination(message)
         return Result(1, None, message)
+    if not marker.exists():
+        try:
+            _fetch_remote_marker(cfg, marker)
+        except StoreError as exc:
+            message = outcome.one_line(f"{outcome.classify(exc)}: {exc}")
+            outcome.write_termination(message)
+            return Result(1, None, message)
     if marker.exists():
         done = outcome.read_summary(marker)
         outcome.write_summary(done)
@@ -142,6 +150,12 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
         prefetch(cfg, node_rank)
     except Exception as exc:  # a gated repo without HF_TOKEN, a wrong id, no network
         message = outcome.one_line(f"{outcome.MODEL_NOT_FOUND}: downloading {cfg.job.spec.model.uri}: {exc}")
+        outcome.write_termination(message)
+        return Result(1, None, message)
+    try:
+        s3_inputs.fetch(cfg.job.spec, node_rank)
+    except StoreError as exc:  # unreachable past the deadline, refused credentials, not found
+        message = outcome.one_line(f"{outcome.classify(exc)}: {exc}")
         outcome.write_termination(message)
         return Result(1, None, message)
     tracking = start_session(cfg) if node_rank == 0 else None
@@ -189,6 +203,14 @@ def _tracked(tracking: TrackingSession, result: Result, marker: Path, stopped: b
         tmp.write_text(json.dumps(_wire(summary), indent=2, sort_keys=True) + "\n")
         tmp.replace(marker)
     return Result(0, _wire(summary), result.message)
+
+
+def _fetch_remote_marker(cfg: JobConfig, marker: Path) -> None:
+    """With output on s3://, a finished job's marker is in the bucket (the pod's scratch is new)."""
+    found = s3_checkpoints.completed(cfg.job.spec)
+    if found is not None:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_bytes(found)
 
 
 def _conclude(state_dir: Path, returncode: int, node_rank: int, signum: int, killed: list[int]) -> Result:

@@ -20,7 +20,7 @@ from typing import Any
 from finetune_operator.api.pod_contract import CheckpointState, TrainingStrategy, TrainingSummary
 from finetune_operator.api.spec import DatasetFormat, MalformedLinePolicy, MethodType
 
-from . import builtin, checkpoint, evaluation, export, modeling, universal
+from . import builtin, checkpoint, evaluation, export, modeling, s3_checkpoints, universal
 from .data.batching import EpochSampler, Row, collate, pack, unpacked
 from .data.formats import prompt_and_answer
 from .data.loading import DataError, load_samples
@@ -97,6 +97,8 @@ class Trainer:
         """(checkpoint step, written under another strategy) once `_resume` loaded one."""
         self.tracking: Recorder | None = None
         """Rank 0's experiment-tracking records (set up with the engine; see `finetune_trainer.tracking`)."""
+        self.s3 = s3_checkpoints.S3Output.for_trainer(self.spec, self.out, self.dist)
+        """Uploads, commits and downloads checkpoints when the output is on s3:// (else None)."""
 
     # ---- setup -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -307,6 +309,8 @@ class Trainer:
             if removed:
                 log.warning("removed incomplete checkpoints %s (a save was interrupted)", removed)
         self.dist.barrier()
+        if self.s3 is not None:
+            self.s3.stage_newest(self.ckpt_root, self.strategy)
         loaded = self._load_newest_readable()
         if loaded is None:
             return CheckpointState(global_step=0)
@@ -513,6 +517,8 @@ class Trainer:
             barrier=self.dist.barrier,
             portable_state=self.spec.method.type != MethodType.FULL,
         )
+        if self.s3 is not None:
+            self.s3.publish(self.ckpt_root, state.global_step, self.spec.training.checkpoints_to_keep)
         if self.dist.rank == 0:
             checkpoint.prune(self.ckpt_root, self.spec.training.checkpoints_to_keep)
         if self.metrics is not None:
@@ -537,15 +543,18 @@ class Trainer:
                 self.model_path, target, self.tokenizer, self.out / "merged", self.compute.dtype_name
             )
         self.dist.barrier()
+        where = {path: str(path) for path in (target, merged) if path is not None}
+        if self.s3 is not None:
+            where.update(self.s3.publish_results(self.out, [target, *([merged] if merged else [])]))
         return TrainingSummary(
             final_loss=last_loss,
             steps=self.total_steps,
             tokens=tokens,
             trained_tokens=trained_tokens,
             samples=samples,
-            adapter_uri=None if full else str(target),
-            model_uri=str(target) if full else None,
-            merged_model_uri=str(merged) if merged else None,
+            adapter_uri=None if full else where[target],
+            model_uri=where[target] if full else None,
+            merged_model_uri=where[merged] if merged else None,
             wall_seconds=round(time.time() - self.started, 3),
             eval_loss=after.get("eval_loss"),
             eval_loss_before=before.get("eval_loss"),

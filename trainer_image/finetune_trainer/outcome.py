@@ -69,8 +69,13 @@ def classify(exc: BaseException) -> TerminationReason:
     from .checkpoint import OutputFull
     from .data.loading import DataError, DataUnavailable
     from .modeling import ModelNotFound
+    from .objstore import StoreAccessDenied, StoreError
     from .settings import ConfigError
 
+    if isinstance(exc, StoreAccessDenied):
+        return TerminationReason.STORAGE_ACCESS_DENIED
+    if isinstance(exc, StoreError):  # unreachable past the retry deadline, or not found
+        return DATA_UNAVAILABLE
     if is_rdma_registration_text(str(exc)):
         return TerminationReason.NETWORK_ERROR
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or is_oom_text(str(exc)):

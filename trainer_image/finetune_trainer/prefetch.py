@@ -35,7 +35,7 @@ WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", 
 
 def hub_repo(uri: str) -> str | None:
     """The repo id of a hub URI (`org/name`, `hf://org/name`), None for anything else."""
-    if uri.startswith(("pvc://", "file://", "/", "builtin://")):
+    if uri.startswith(("pvc://", "file://", "/", "builtin://", "s3://")):
         return None
     return uri.removeprefix("hf://")
 

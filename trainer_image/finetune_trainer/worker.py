@@ -23,6 +23,7 @@ from . import log_filters
 from .checkpoint import fault_point
 from .outcome import SUMMARY_FILE, StoppedBySignal, failure_line, mark_rank, write_rank_failure
 from .paths import completion_marker
+from .s3_checkpoints import publish_completion
 from .shm_segments import bounded_setup, release_own, setup_seconds
 
 log = logging.getLogger("finetune_trainer")
@@ -113,6 +114,7 @@ def run_rank(config_dir: str) -> int:
             write_json_atomic(state_dir / SUMMARY_FILE, wire)
         if rank == 0:
             write_json_atomic(completion_marker(cfg.output), wire)
+            publish_completion(cfg.job.spec, wire)
             log.info("done: %s", summary.to_message())
         torch.distributed.destroy_process_group()
         mark_rank(state_dir, rank, "done")

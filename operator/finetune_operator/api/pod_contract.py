@@ -45,14 +45,20 @@ class TerminationReason(StrEnum):
     OUTPUT_FULL = "OutputFull"
     """The output volume ran out of space (or quota) while saving; retried, since space can be
     freed while the job waits, and the previous checkpoint is intact."""
+    STORAGE_ACCESS_DENIED = "StorageAccessDenied"
+    """Object storage refused the job's credentials (named by their Secret): not retried, a restart
+    presents the same keys."""
     NETWORK_ERROR = "NetworkError"
     """The collectives' transport failed (e.g. NCCL could not register memory with the RDMA
     device): retried like any rank failure, never re-planned, whatever errno text it carries."""
 
 
-NOT_RETRIED = frozenset({TerminationReason.CONFIG_ERROR, TerminationReason.DATA_ERROR})
+NOT_RETRIED = frozenset(
+    {TerminationReason.CONFIG_ERROR, TerminationReason.DATA_ERROR, TerminationReason.STORAGE_ACCESS_DENIED}
+)
 """Root causes a gang restart cannot change: the job's own input is wrong (an unreadable or
-impossible setting, a malformed record under `dataset.onMalformedLine: Fail`)."""
+impossible setting, a malformed record under `dataset.onMalformedLine: Fail`, credentials the
+object store refuses)."""
 
 OUT_OF_MEMORY_PATTERN = re.compile(
     r"out of memory|OutOfMemory|can(no|')t allocate memory|std::bad_alloc|CUBLAS_STATUS_ALLOC_FAILED|OOMKilled|\bOOM\b",

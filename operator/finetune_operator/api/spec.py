@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from . import mount_paths
+from . import mount_paths, object_storage
 from .base import (
     DNS_LABEL_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
@@ -30,6 +30,7 @@ from .base import (
     check_node_selector,
     quantity_bytes,
 )
+from .object_storage import S3_URI, ObjectStorageSpec
 from .pod_template import PodTemplateOverlay
 from .rules import CrossFieldRule, rules_of
 from .toleration import Toleration
@@ -47,27 +48,31 @@ BUILTIN_DATASETS = ("reverse-words", "secret-code")
 def _uri_pattern(builtins: tuple[str, ...]) -> str:
     return (
         r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?"
-        rf"|file:///[^\s]*|/[^\s]*|builtin://({'|'.join(builtins)})|[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+)$"
+        rf"|file:///[^\s]*|/[^\s]*|{S3_URI}|builtin://({'|'.join(builtins)})|[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+)$"
     )
 
 
 URI_PATTERN = _uri_pattern(BUILTIN_MODELS)
 """Where a model lives: `hf://org/name` or `org/name` (hub id), `pvc://claim/path`,
-`file:///abs/path` or `/abs/path` (inside the container), or one of `BUILTIN_MODELS`."""
+`file:///abs/path` or `/abs/path` (inside the container), `s3://bucket/prefix`, or one of `BUILTIN_MODELS`."""
 DATASET_URI_PATTERN = _uri_pattern(BUILTIN_DATASETS)
 """Where a dataset lives: as `URI_PATTERN`, with `BUILTIN_DATASETS` as the built-in names."""
 
 DEFAULT_VALIDATION_SPLIT = 0.05
 DEFAULT_WARMUP_RATIO = 0.03
 
-OUTPUT_URI_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$"
+OUTPUT_URI_PATTERN = rf"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*|{S3_URI})$"
 
 PATTERN_HINTS: dict[str, str] = {
-    URI_PATTERN: "must be a hub id (org/name or hf://org/name), pvc://claim/path, an absolute path, or one of "
+    URI_PATTERN: "must be a hub id (org/name or hf://org/name), pvc://claim/path, s3://bucket/prefix (bucket: 3-63 "
+    "lowercase letters, digits, '.' or '-'), an absolute path, or one of "
     + ", ".join(f"builtin://{name}" for name in BUILTIN_MODELS),
-    DATASET_URI_PATTERN: "must be a hub id (org/name or hf://org/name), pvc://claim/path, an absolute path, or one of "
+    DATASET_URI_PATTERN: "must be a hub id (org/name or hf://org/name), pvc://claim/path, s3://bucket/prefix "
+    "(bucket: 3-63 lowercase letters, digits, '.' or '-'), an absolute path, or one of "
     + ", ".join(f"builtin://{name}" for name in BUILTIN_DATASETS),
-    OUTPUT_URI_PATTERN: "must be pvc://claim/path or an absolute path",
+    OUTPUT_URI_PATTERN: "must be pvc://claim/path, s3://bucket/prefix (bucket: 3-63 lowercase letters, digits, '.' "
+    "or '-') or an absolute path",
+    **object_storage.PATTERN_HINTS,
     ENV_NAME_PATTERN: "must be a C identifier (letters, digits, _; not starting with a digit)",
     DNS_SUBDOMAIN_PATTERN: "must be a lowercase DNS name (a-z, 0-9, '-', '.')",
     QUALIFIED_NAME_PATTERN: "must be a label key: an optional DNS prefix and '/', then letters, digits and -_. "
@@ -607,7 +612,10 @@ class OutputSpec(RuledModel):
     """Where checkpoints and the trained adapter go."""
 
     uri: Annotated[str, Field(max_length=512, pattern=OUTPUT_URI_PATTERN)] = Field(
-        description="`pvc://claim/path` (the claim must exist; it is never deleted) or a path in the container."
+        description="`pvc://claim/path` (the claim must exist; it is never deleted), `s3://bucket/prefix` "
+        "(checkpoints, "
+        "adapter and merged model are uploaded there; a multi-node job then needs no ReadWriteMany claim; nothing "
+        "outside the prefix is ever deleted) or a path in the container."
     )
 
     __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (no_dot_dot("uri"),)
@@ -665,6 +673,14 @@ class FailurePolicy(ApiModel):
     )
 
 
+_S3_URI_CEL = (
+    "(self.model.uri.startsWith('s3://') || (has(self.model.tokenizer) && self.model.tokenizer.startsWith('s3://')) "
+    "|| self.dataset.uri.startsWith('s3://') "
+    "|| (has(self.dataset.validationUri) && self.dataset.validationUri.startsWith('s3://')) "
+    "|| self.output.uri.startsWith('s3://'))"
+)
+
+
 class FineTuneJobSpec(RuledModel):
     """A fine-tuning run, as a user asks for it."""
 
@@ -698,6 +714,11 @@ class FineTuneJobSpec(RuledModel):
         "failurePolicy.backoffLimit. Unset: the operator's default queue, if any; else no queueing.",
     )
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+    object_storage: ObjectStorageSpec | None = Field(
+        default=None,
+        description="The S3-compatible store serving the job's s3:// URIs: connection (defaults from the "
+        "operator) and credentials (a Secret, or a service account for workload identity).",
+    )
     active_deadline_seconds: Annotated[int, Field(ge=1, le=31_536_000)] | None = Field(
         default=None, description="Fail with DeadlineExceeded after this many seconds of running."
     )
@@ -740,6 +761,31 @@ class FineTuneJobSpec(RuledModel):
             check=lambda s: s.training.global_batch_size % s.world_size == 0,
         ),
         CrossFieldRule(
+            cel=_S3_URI_CEL + " ? (has(self.objectStorage) && (has(self.objectStorage.credentials) "
+            "|| has(self.objectStorage.serviceAccountName))) : true",
+            message="an s3:// URI needs objectStorage.credentials (a Secret with the keys) or "
+            "objectStorage.serviceAccountName (workload identity)",
+            field_path=".objectStorage",
+            check=lambda s: (
+                not s.s3_uris
+                or (
+                    s.object_storage is not None
+                    and (s.object_storage.credentials is not None or s.object_storage.service_account_name is not None)
+                )
+            ),
+        ),
+        CrossFieldRule(
+            cel="!has(self.objectStorage) || !(has(self.objectStorage.credentials) "
+            "&& has(self.objectStorage.serviceAccountName))",
+            message="set credentials or serviceAccountName, not both",
+            field_path=".objectStorage.serviceAccountName",
+            check=lambda s: (
+                s.object_storage is None
+                or s.object_storage.credentials is None
+                or s.object_storage.service_account_name is None
+            ),
+        ),
+        CrossFieldRule(
             cel="!has(self.env) || self.env.all(e, self.env.exists_one(f, f.name == e.name))",
             message="env names must be unique",
             field_path=".env",
@@ -750,6 +796,18 @@ class FineTuneJobSpec(RuledModel):
     @property
     def world_size(self) -> int:
         return self.resources.world_size
+
+    @property
+    def s3_uris(self) -> dict[str, str]:
+        """The spec's s3:// URIs by field path (`spec.model.uri`, ...)."""
+        fields: dict[str, str | None] = {
+            "spec.model.uri": self.model.uri,
+            "spec.model.tokenizer": self.model.tokenizer,
+            "spec.dataset.uri": self.dataset.uri,
+            "spec.dataset.validationUri": self.dataset.validation_uri,
+            "spec.output.uri": self.output.uri,
+        }
+        return {field: uri for field, uri in fields.items() if uri is not None and object_storage.is_s3(uri)}
 
 
 def _same_optional(field: str) -> str:

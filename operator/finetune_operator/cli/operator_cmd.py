@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 
+from ..api.object_storage import ObjectStorageSpec
 from ..api.tracking import tracking_uri_problem
 
 DEFAULT_IMAGE_ENV = "FTJOB_TRAINER_IMAGE"
@@ -23,6 +24,19 @@ def _positive_int(text: str) -> int:
 
 def _env_list(name: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+def object_storage_defaults(args: argparse.Namespace) -> ObjectStorageSpec:
+    """The --s3-* flags as the defaults every job's spec.objectStorage is laid over."""
+    ca = None
+    if args.s3_ca_bundle:
+        name, _, key = args.s3_ca_bundle.partition("/")
+        ca = {"name": name, "key": key}
+    wire = {"endpoint": args.s3_endpoint, "region": args.s3_region, "pathStyle": args.s3_path_style or None}
+    try:
+        return ObjectStorageSpec.from_wire({k: v for k, v in {**wire, "caBundle": ca}.items() if v is not None})
+    except ValueError as exc:
+        raise SystemExit(f"--s3-* flags: {' '.join(str(exc).split())[:400]}") from None
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +89,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "spec.tracking.mlflow names none; default: such jobs are not tracked",
     )
     parser.add_argument("--pod-monitor", action="store_true", default=env("FTJOB_POD_MONITOR", "") == "true")
+    parser.add_argument(
+        "--s3-endpoint", default=env("FTJOB_S3_DEFAULT_ENDPOINT") or None, help="default objectStorage.endpoint"
+    )
+    parser.add_argument("--s3-region", default=env("FTJOB_S3_DEFAULT_REGION") or None, help="default region")
+    parser.add_argument(
+        "--s3-path-style",
+        action="store_true",
+        default=env("FTJOB_S3_DEFAULT_PATH_STYLE", "") == "true",
+        help="address buckets path-style by default (most on-premises stores)",
+    )
+    parser.add_argument(
+        "--s3-ca-bundle",
+        metavar="CONFIGMAP/KEY",
+        default=env("FTJOB_S3_DEFAULT_CA_BUNDLE") or None,
+        help="default CA bundle: a ConfigMap key in each job's namespace",
+    )
     parser.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="default: in-cluster, then ~/.kube/config")
     parser.add_argument(
         "--allowed-priority-class",
@@ -160,6 +190,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         pod_monitor=args.pod_monitor,
         default_queue_name=args.default_queue_name,
         default_tracking_uri=args.default_tracking_uri,
+        object_storage=object_storage_defaults(args),
     )
     policy = SchedulingPolicy(
         priority_classes=tuple(args.allowed_priority_class),

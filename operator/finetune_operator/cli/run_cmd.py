@@ -2,7 +2,9 @@
 
 It plans the job, renders the same config files the operator mounts in pods, with a
 hostfile that puts every rank (numNodes x ranks per node) on localhost, then calls the
-entrypoint: the ranks are started by the DeepSpeed launcher exactly as in a pod.
+entrypoint: the ranks are started by the DeepSpeed launcher exactly as in a pod. s3://
+URIs work as in a pod, with the connection from spec.objectStorage (or FTJOB_S3_* variables)
+and the credentials from this shell's environment (AWS_ACCESS_KEY_ID, ...).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from ..plan import choose_plan
 from ..render.config_files import HOSTFILE, config_files
 from ..render.tracking import with_default_tracking
 from .manifests import load_one
+
+S3_MIRROR_DEFAULT = Path.home() / ".cache" / "finetune-operator" / "s3"
+"""Where `ftjob run` keeps its copies of s3:// models and data (reused by the next run)."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -45,11 +50,16 @@ def run(args: argparse.Namespace) -> int:
     plan = choose_plan(job.spec)
     world = job.spec.resources.world_size
     files = config_files(job, plan, hostfile=f"localhost slots={world}\n")
+    staging = None
     if args.output:
         os.environ["FTJOB_OUTPUT_DIR"] = str(Path(args.output).resolve())
+    elif job.spec.output.uri.startswith("s3://"):  # the trainer uploads from a local staging folder
+        staging = tempfile.TemporaryDirectory(prefix="ftjob-run-output-")
+        os.environ["FTJOB_OUTPUT_DIR"] = staging.name
     elif not job.spec.output.uri.startswith("/"):
         print(f"output.uri is {job.spec.output.uri} (a volume in the cluster): pass --output DIR", file=sys.stderr)
         return 2
+    os.environ.setdefault("FTJOB_S3_MIRROR", str(S3_MIRROR_DEFAULT))
     os.environ["NODE_RANK"] = "0"
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(args.master_port)
@@ -69,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
             (config_dir / name).write_text(content)
         assert (config_dir / HOSTFILE).exists()
         result = train(config_dir, progress=not args.no_progress, idle_when_done=False)
+    if staging is not None:
+        staging.cleanup()
     if result.summary is None:
         stopped = result.exit_code > 128  # a signal: the launcher and its ranks were stopped
         print(f"{'stopped' if stopped else 'failed'}: {result.message}", file=sys.stderr)

@@ -107,11 +107,11 @@ def resolve_reference(reference: str, field: str = "model", local_files: bool = 
     if found is not None:
         return found
     elsewhere = " or to an absolute path with config.json" if local_files else ""
-    hint = (
-        f"the operator cannot read pvc:// volumes while planning: set model.architecture to a catalogue name{elsewhere}"
-        if reference.startswith("pvc://")
-        else f"set model.architecture to one of the catalogue names{elsewhere}"
-    )
+    hint = f"set model.architecture to one of the catalogue names{elsewhere}"
+    unread = {"pvc://": "cannot read pvc:// volumes", "s3://": "does not read object storage"}  # s3: no keys
+    for scheme, why in unread.items():
+        if reference.startswith(scheme):
+            hint = f"the operator {why} while planning: set model.architecture to a catalogue name{elsewhere}"
     raise UnknownArchitectureError(
         f"{field}: {reference!r} is not in the planner's catalogue ({', '.join(catalogue_entries())}); {hint}"
     )

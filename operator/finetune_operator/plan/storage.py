@@ -6,6 +6,10 @@ needs ReadWriteMany claims: on the usual ReadWriteOnce block volume the second p
 ContainerCreating (Multi-Attach), the first times out after 30 minutes, and the job burns
 its restarts without saying why. The reconciler reads the claims' access modes through the
 API and hands them in; this check stays pure.
+
+An output on object storage (`s3://`) is no claim: each pod stages its part of a checkpoint on
+its own scratch volume and uploads it, so such a job writes no shared claim at all (unless its
+model cache is one).
 """
 
 from __future__ import annotations
@@ -47,5 +51,11 @@ def check_shared_storage(spec: FineTuneJobSpec, access_modes: Mapping[str, tuple
             raise SharedStorageError(
                 f"{field}: claim {claim!r} is {', '.join(modes) or 'without access modes'}, but the "
                 f"{nodes} pods of this job (resources.numNodes={nodes}) all write to it on different nodes: "
-                "use a ReadWriteMany claim (NFS, CephFS, a cloud file store) or numNodes: 1"
+                "use a ReadWriteMany claim (NFS, CephFS, a cloud file store)"
+                + (
+                    ", object storage (s3://bucket/prefix: no shared claim needed)"
+                    if field == "spec.output.uri"
+                    else ""
+                )
+                + " or numNodes: 1"
             )

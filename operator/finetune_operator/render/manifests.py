@@ -18,6 +18,7 @@ from ..api.status import PlanStatus
 from .config_files import config_files
 from .identity import config_map_name, labels, metadata, selector_labels
 from .options import RenderOptions
+from .scratch import scratch_bytes
 from .tracking import with_default_tracking
 from .workers import headless_service, statefulset
 
@@ -45,7 +46,8 @@ def gang_hash(job: FineTuneJob, plan: PlanStatus, options: RenderOptions) -> str
     gang is stale (new plan, image, env, resources) and is restarted as a whole.
     """
     job = with_default_tracking(job, options.default_tracking_uri)
-    template = statefulset(job, options, 0, "", plan.host_bytes_per_node)["spec"]["template"]
+    scratch = scratch_bytes(job.spec, plan)
+    template = statefulset(job, options, 0, "", plan.host_bytes_per_node, scratch_bytes=scratch)["spec"]["template"]
     digest = hashlib.sha256(config_hash(config_map(job, plan)).encode())
     digest.update(json.dumps(template, sort_keys=True).encode())
     return digest.hexdigest()[:16]
@@ -99,6 +101,7 @@ def render_all(
         replicas,
         gang if gang is not None else gang_hash(job, plan, options),
         plan.host_bytes_per_node,
+        scratch_bytes=scratch_bytes(job.spec, plan),
     )
     if placement:
         pod_spec = workers["spec"]["template"]["spec"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from ..api.object_storage import ObjectStorageSpec
 
 DEFAULT_TRAINER_IMAGE = "ghcr.io/finetune-operator/trainer:0.1.0"
 
@@ -22,3 +24,6 @@ class RenderOptions:
     """Kueue LocalQueue for jobs that name none (None: such jobs are not queued)."""
     default_tracking_uri: str | None = None
     """MLflow tracking server for jobs that name none (None: such jobs are not tracked)."""
+    object_storage: ObjectStorageSpec = field(default_factory=ObjectStorageSpec)
+    """Connection defaults for jobs' s3:// URIs (endpoint, region, pathStyle, caBundle); a job's
+    `spec.objectStorage` overrides them field by field."""

@@ -60,12 +60,17 @@ def local_path(uri: str) -> str | None:
 
 def is_hub_model(uri: str) -> bool:
     """A hub id (`org/name`, `hf://org/name`): downloaded at run time, so it needs the cache."""
-    return not uri.startswith(("pvc://", "file://", "/", "builtin://"))
+    return not uri.startswith(("pvc://", "file://", "/", "builtin://", "s3://"))
+
+
+def needs_model_cache(job: FineTuneJob) -> bool:
+    """A hub model, or s3:// inputs (model, tokenizer, data), are copied into the cache once per pod."""
+    return is_hub_model(job.spec.model.uri) or any(field != "spec.output.uri" for field in job.spec.s3_uris)
 
 
 def model_cache_size(job: FineTuneJob) -> str | None:
     """The emptyDir size (and ephemeral-storage request) of the model cache; None without one."""
-    if not is_hub_model(job.spec.model.uri):
+    if not needs_model_cache(job):
         return None
     cache = job.spec.model.cache
     if cache is not None and cache.claim_name is not None:
@@ -75,7 +80,7 @@ def model_cache_size(job: FineTuneJob) -> str | None:
 
 
 def _model_cache_volume(job: FineTuneJob) -> dict[str, Any] | None:
-    if not is_hub_model(job.spec.model.uri):
+    if not needs_model_cache(job):
         return None
     cache = job.spec.model.cache
     if cache is not None and cache.claim_name is not None:
@@ -123,6 +128,6 @@ def volume_mounts(job: FineTuneJob, config_dir: str) -> list[dict[str, Any]]:
         result.append({"name": claim_volume_name(claim), "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": read_only})
     if job.spec.deepspeed.nvme_path:
         result.append({"name": "nvme", "mountPath": job.spec.deepspeed.nvme_path})
-    if is_hub_model(job.spec.model.uri):
+    if needs_model_cache(job):
         result.append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR})
     return result

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..api.base import parse_quantity
 from ..api.job import FineTuneJob
+from . import object_storage
 from .config_files import CONFIG_DIR
 from .identity import (
     CONFIG_HASH_ANNOTATION,
@@ -69,7 +70,7 @@ def _env(job: FineTuneJob, options: RenderOptions) -> list[dict[str, Any]]:
         {"name": "FTJOB_NAMESPACE", **_field("metadata.namespace")},
         {"name": "FTJOB_POD_IP", **_field("status.podIP")},
         {"name": "FTJOB_CONFIG_DIR", "value": CONFIG_DIR},
-        {"name": "FTJOB_OUTPUT_DIR", "value": local_path(spec.output.uri) or "/tmp/output"},
+        {"name": "FTJOB_OUTPUT_DIR", "value": _output_dir(job)},
         {"name": "FTJOB_METRICS_PORT", "value": str(options.metrics_port)},
         {"name": "DS_ACCELERATOR", "value": "cuda" if spec.resources.gpus_per_node else "cpu"},
     ]
@@ -82,6 +83,7 @@ def _env(job: FineTuneJob, options: RenderOptions) -> list[dict[str, Any]]:
         defaults["OMP_NUM_THREADS"] = str(max(1, threads))
     env += [{"name": k, "value": v} for k, v in defaults.items() if k not in user]
     env += tracking_env(job, spec.image or options.trainer_image, set(user))
+    env += object_storage.env(job, options, MODEL_CACHE_DIR)
     if spec.hf_token_secret_ref and "HF_TOKEN" not in user:
         ref = spec.hf_token_secret_ref
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
@@ -94,7 +96,22 @@ def _env(job: FineTuneJob, options: RenderOptions) -> list[dict[str, Any]]:
     return env
 
 
-def _resources(job: FineTuneJob, host_bytes: int) -> dict[str, Any]:
+def _output_dir(job: FineTuneJob) -> str:
+    if object_storage.output_on_s3(job):  # staged on the pod's scratch, uploaded from there
+        return object_storage.OUTPUT_STAGING_DIR
+    return local_path(job.spec.output.uri) or "/tmp/output"
+
+
+def _ephemeral_storage(job: FineTuneJob, scratch_bytes: int) -> str | None:
+    """The model cache's and the scratch's emptyDirs: the kubelet evicts a pod that outgrows its request."""
+    cache = model_cache_size(job)
+    if not scratch_bytes:
+        return cache
+    total = scratch_bytes + (int(parse_quantity(cache)) if cache is not None else 0)
+    return f"{-(-total // 2**20)}Mi"
+
+
+def _resources(job: FineTuneJob, host_bytes: int, scratch_bytes: int = 0) -> dict[str, Any]:
     """GPUs; cpu and memory as the spec sets them (request = limit).
 
     Without `resources.memory`, the pod requests the host memory the plan needs (its ranks'
@@ -112,9 +129,9 @@ def _resources(job: FineTuneJob, host_bytes: int) -> dict[str, Any]:
             limits[key] = requests[key] = str(value)
     if res.memory is None and host_bytes > 0:
         requests["memory"] = f"{-(-host_bytes // 2**20)}Mi"
-    cache = model_cache_size(job)
-    if cache is not None:  # the model cache's emptyDir: the kubelet evicts a pod that outgrows its request
-        limits["ephemeral-storage"] = requests["ephemeral-storage"] = cache
+    storage = _ephemeral_storage(job, scratch_bytes)
+    if storage is not None:
+        limits["ephemeral-storage"] = requests["ephemeral-storage"] = storage
     out: dict[str, Any] = {}
     if limits:
         out["limits"] = limits
@@ -131,11 +148,18 @@ def _ports(job: FineTuneJob, options: RenderOptions) -> list[dict[str, Any]]:
 
 
 def statefulset(
-    job: FineTuneJob, options: RenderOptions, replicas: int, config_hash: str, host_bytes: int = 0
+    job: FineTuneJob,
+    options: RenderOptions,
+    replicas: int,
+    config_hash: str,
+    host_bytes: int = 0,
+    *,
+    scratch_bytes: int = 0,
 ) -> dict[str, Any]:
     """The workers; `replicas` is numNodes while running, 0 when suspended or finished.
 
-    `host_bytes` is the plan's host memory per node (`status.plan.hostBytesPerNode`).
+    `host_bytes` is the plan's host memory per node (`status.plan.hostBytesPerNode`);
+    `scratch_bytes` the local staging of an s3:// output (`plan.scratch.scratch_bytes`).
     """
     spec = job.spec
     restricted = {
@@ -152,8 +176,8 @@ def statefulset(
         "args": ["train", "--config", CONFIG_DIR],
         "env": _env(job, options),
         "ports": _ports(job, options),
-        "resources": _resources(job, host_bytes),
-        "volumeMounts": volume_mounts(job, CONFIG_DIR),
+        "resources": _resources(job, host_bytes, scratch_bytes),
+        "volumeMounts": volume_mounts(job, CONFIG_DIR) + object_storage.volume_mounts(job, options),
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": restricted,
@@ -173,8 +197,10 @@ def statefulset(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
-        "volumes": volumes(job, config_map_name(job)),
+        "volumes": volumes(job, config_map_name(job)) + object_storage.volumes(job, options, scratch_bytes),
     }
+    if account := object_storage.service_account(job):  # workload identity: its webhook projects the token
+        pod_spec["serviceAccountName"] = account
     if selector := node_selector(job):
         pod_spec["nodeSelector"] = selector
     if placement := affinity(job):

@@ -21,6 +21,7 @@ from ..api.job import FineTuneJob
 from ..api.status import PlanStatus
 from .identity import metadata
 from .options import RenderOptions
+from .scratch import scratch_bytes
 from .workers import statefulset
 
 WORKLOAD_API_VERSION = "kueue.x-k8s.io/v1beta2"
@@ -49,7 +50,14 @@ def with_priority(body: dict[str, Any], priority_class: str, value: int) -> dict
 
 
 def workload(job: FineTuneJob, plan: PlanStatus, queue: str) -> dict[str, Any]:
-    pod = statefulset(job, RenderOptions(), job.spec.resources.num_nodes, "", plan.host_bytes_per_node)
+    pod = statefulset(
+        job,
+        RenderOptions(),
+        job.spec.resources.num_nodes,
+        "",
+        plan.host_bytes_per_node,
+        scratch_bytes=scratch_bytes(job.spec, plan),
+    )
     pod_spec = pod["spec"]["template"]["spec"]
     trainer = pod_spec["containers"][0]
     spec: dict[str, Any] = {

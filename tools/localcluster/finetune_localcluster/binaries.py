@@ -18,6 +18,8 @@ ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
 KUEUE_VERSION = "v0.17.0"
+SEAWEEDFS_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
+"""SeaweedFS (Apache-2.0) has no module-proxy tags: a pinned commit's pseudo-version."""
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO_ROOT / "tools" / "build-kube-binaries.sh"
@@ -43,6 +45,8 @@ class Binaries:
     """Kueue's CRD yamls, from the same module version as the binary."""
     kueue_webhooks: Path
     """Kueue's webhook configurations (one yaml), from the same module version."""
+    weed: Path
+    """SeaweedFS's `weed`: the S3-compatible server of the object-storage tests and demo."""
 
     @property
     def kube_apiserver(self) -> Path:
@@ -72,12 +76,16 @@ class Binaries:
             self.helm,
         ]
 
-    def present(self, kueue: bool = False) -> bool:
-        """The core binaries are built (and Kueue's binary, CRDs and webhooks, when asked)."""
-        core = all(os.access(p, os.X_OK) for p in self.core_files()) and self.kwok_stages.is_dir()
-        if not kueue:
-            return core
-        return core and os.access(self.kueue, os.X_OK) and self.kueue_crds.is_dir() and self.kueue_webhooks.is_file()
+    def present(self, kueue: bool = False, s3: bool = False, core: bool = True) -> bool:
+        """The core binaries are built (and Kueue's binary, CRDs and webhooks, and the S3
+        server, when asked); `core=False` looks at the asked extras only."""
+        if core and not (all(os.access(p, os.X_OK) for p in self.core_files()) and self.kwok_stages.is_dir()):
+            return False
+        if kueue and not (
+            os.access(self.kueue, os.X_OK) and self.kueue_crds.is_dir() and self.kueue_webhooks.is_file()
+        ):
+            return False
+        return not s3 or os.access(self.weed, os.X_OK)
 
 
 def cached_binaries() -> Binaries:
@@ -91,25 +99,25 @@ def cached_binaries() -> Binaries:
         kueue=root / "kueue" / KUEUE_VERSION / "bin" / "kueue",
         kueue_crds=root / "kueue" / KUEUE_VERSION / "crd",
         kueue_webhooks=root / "kueue" / KUEUE_VERSION / "webhook" / "manifests.yaml",
+        weed=root / "seaweedfs" / SEAWEEDFS_VERSION / "bin" / "weed",
     )
 
 
-def ensure_binaries(build: bool = True, kueue: bool = False) -> Binaries:
+def ensure_binaries(build: bool = True, kueue: bool = False, s3: bool = False, core: bool = True) -> Binaries:
     """Return the cached binaries, running the build script first when any is missing.
 
-    Kueue is built only for a caller that asks for it (the Kueue tests): the demo and the
-    other tiers never start it, and it is ~5 minutes of a cold first run.
+    Kueue and the S3 server are built only for a caller that asks for them (their tests): the
+    demo and the other tiers never start them, and each is minutes of a cold first run (the S3
+    server ~25 on 2 cores). `core=False` builds and checks only the asked extras.
     """
     bins = cached_binaries()
-    if bins.present(kueue=kueue):
+    if bins.present(kueue=kueue, s3=s3, core=core):
         return bins
-    targets = ["core", "kueue"] if kueue else ["core"]
+    targets = (["core"] if core else []) + (["kueue"] if kueue else []) + (["s3"] if s3 else [])
     if not build:
-        raise FileNotFoundError(
-            f"Kubernetes binaries missing under {cache_dir()}; run {BUILD_SCRIPT} {' '.join(targets)}"
-        )
+        raise FileNotFoundError(f"binaries missing under {cache_dir()}; run {BUILD_SCRIPT} {' '.join(targets)}")
     print(f"finetune_localcluster: building {' and '.join(targets)} binaries with {BUILD_SCRIPT}", flush=True)
     subprocess.run(["bash", str(BUILD_SCRIPT), *targets], check=True, timeout=BUILD_TIMEOUT_S)
-    if not bins.present(kueue=kueue):
+    if not bins.present(kueue=kueue, s3=s3, core=core):
         raise FileNotFoundError(f"{BUILD_SCRIPT} finished but binaries are missing under {cache_dir()}")
     return bins

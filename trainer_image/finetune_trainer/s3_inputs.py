@@ -1,0 +1,112 @@
+"""Models and data on `s3://`, mirrored once per pod before the ranks start.
+
+`ftjob train` calls `fetch` right after the hub prefetch: every `s3://` input of the spec
+(model, tokenizer, dataset, validation set) is copied to `paths.s3_mirror()/bucket/key`
+(the pod's model cache volume), where `paths.resolve_uri` sends the ranks. Eight ranks of a
+pod thus read one local copy, and a cache on a claim survives gang restarts.
+
+Nothing partial is ever read as complete: each file is downloaded under a temporary name
+and renamed when whole (see `ObjectStore.download`), and a stamp listing every key and size
+is written last. A later start that finds the stamp equal to the bucket's listing downloads
+nothing; otherwise it fetches only the files whose local size differs.
+
+While it downloads, node 0 serves the same two gauges as the hub download (see `prefetch`),
+so `kubectl get ftj` shows the progress.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from finetune_operator.api.spec import FineTuneJobSpec
+
+from .metrics.exporter import metrics_port
+from .objstore import ObjectStore, S3Uri, StoreNotFound, store_for
+from .paths import resolve_uri, s3_mirror
+from .prefetch import download_progress
+
+log = logging.getLogger(__name__)
+STAMPS = ".ftjob-stamps"
+
+
+def input_uris(spec: FineTuneJobSpec) -> list[str]:
+    """The spec's s3:// inputs (the output is written, never mirrored), each once."""
+    found = {field: uri for field, uri in spec.s3_uris.items() if field != "spec.output.uri"}
+    return list(dict.fromkeys(found.values()))
+
+
+def _stamp_path(mirror_root: Path, uri: S3Uri) -> Path:
+    return mirror_root / STAMPS / uri.bucket / f"{uri.key}.json"
+
+
+def _local_file(uri: S3Uri, key: str, target: Path) -> Path:
+    """Where object `key` (at or under `uri`) lands, `target` being `uri`'s local path."""
+    return target if key == uri.key else target / key[len(uri.key) + 1 :]
+
+
+def plan_downloads(listing: dict[str, int], uri: S3Uri, target: Path) -> list[tuple[str, Path]]:
+    """(key, local file) for each listed object missing locally or of another size; folder
+    markers (keys ending in '/') are skipped."""
+    todo = []
+    for key, size in sorted(listing.items()):
+        if key.endswith("/"):
+            continue
+        local = _local_file(uri, key, target)
+        try:
+            same = local.stat().st_size == size
+        except OSError:
+            same = False
+        if not same:
+            todo.append((key, local))
+    return todo
+
+
+def listed(store: ObjectStore, uri: S3Uri) -> dict[str, int]:
+    listing = store.list(uri)
+    if not listing:
+        raise StoreNotFound(f"{uri}: no object at or under this URI at {store.conn.where}")
+    return listing
+
+
+def mirror(store: ObjectStore, uri: S3Uri, listing: dict[str, int], target: Path, mirror_root: Path) -> int:
+    """Make `target` a complete copy of `uri` (an object or a prefix, as `listing` says);
+    returns the bytes fetched."""
+    stamp = _stamp_path(mirror_root, uri)
+    wanted = json.dumps(listing, sort_keys=True)
+    if stamp.is_file() and stamp.read_text() == wanted and not plan_downloads(listing, uri, target):
+        log.warning("%s is already in the cache %s", uri, target)
+        return 0
+    stamp.unlink(missing_ok=True)
+    fetched = 0
+    for key, local in plan_downloads(listing, uri, target):
+        store.download(S3Uri(uri.bucket, key), local)
+        fetched += listing[key]
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    tmp = stamp.with_name(stamp.name + f".part-{os.getpid()}")
+    tmp.write_text(wanted)
+    os.replace(tmp, stamp)
+    return fetched
+
+
+def fetch(spec: FineTuneJobSpec, node_rank: int = 0, store: ObjectStore | None = None) -> list[Path]:
+    """Mirror every s3:// input of the job; returns the local copies (none without s3:// inputs)."""
+    uris = input_uris(spec)
+    if not uris:
+        return []
+    store = store or store_for(spec.object_storage)
+    mirror_root = s3_mirror()
+    targets: list[tuple[S3Uri, dict[str, int], Path]] = []
+    for text in uris:
+        parsed = S3Uri.parse(text)
+        targets.append((parsed, listed(store, parsed), Path(str(resolve_uri(text)))))
+    total = sum(sum(listing.values()) for _, listing, _ in targets)
+    port = metrics_port(0) if node_rank == 0 else None
+    address = os.environ.get("FTJOB_POD_IP", "127.0.0.1")
+    log.warning("copying %s from %s into %s (once per pod)", ", ".join(uris), store.conn.where, mirror_root)
+    with download_progress(total, mirror_root, port=port, address=address):
+        for uri, listing, target in targets:
+            mirror(store, uri, listing, target, mirror_root)
+    return [target for _, _, target in targets]
