@@ -27,33 +27,71 @@ if ((${#tiers[@]} == 0)); then
   for tier in "${ALL_TIERS[@]}"; do [[ -d tests/$tier ]] && tiers+=("$tier"); done
 fi
 
-names=(); seconds=(); results=()
-failed=0
+# Two lanes run side by side: the tiers that train on the CPU the whole time (trainer,
+# prometheus, bench) and the ones that mostly wait on a control plane or a build (unit first,
+# then cluster, robustness, images). On 2 cores that overlaps one lane's waiting with the
+# other's training (measured in the README); FTJOB_TEST_LANES=1 runs everything in one lane.
+declare -A LANE=([trainer]=train [prometheus]=train [bench]=train)
+declare -A TIER_ARGS=([unit]="-n 2")
+RESULTS=$(mktemp -d)
+trap 'rm -rf "$RESULTS"' EXIT
 START=$SECONDS
-step() {  # step NAME CMD...: run, time and record one step
-  local name=$1; shift
+exec 3>&1
+step() {  # step LANE NAME CMD...: run, time and record one step
+  local lane=$1 name=$2; shift 2
   printf '\n\033[1m== %s\033[0m\n' "$name"
+  printf '[%s] %-40s started at %dm%02ds\n' "$lane" "$name" $(((SECONDS - START) / 60)) $(((SECONDS - START) % 60)) >&3
   local t0=$SECONDS rc=0
   "$@" || rc=$?
-  names+=("$name"); seconds+=($((SECONDS - t0)))
-  if ((rc == 0)); then results+=(ok); else results+=("FAILED (exit $rc)"); failed=1; fi
+  local result=ok
+  ((rc == 0)) || result="FAILED (exit $rc)"
+  printf '%s|%d|%s\n' "$name" $((SECONDS - t0)) "$result" >>"$RESULTS/$lane"
+  printf '[%s] %-40s %s after %ds\n' "$lane" "$name" "$result" $((SECONDS - t0)) >&3
 }
-
-step "ruff" .venv/bin/ruff check .
-step "mypy --strict" .venv/bin/mypy
-step "import-linter" .venv/bin/lint-imports
-step "CRD is generated from the models" .venv/bin/python -m finetune_operator.api.crdgen --check
+tier_step() {  # tier_step LANE TIER
+  # shellcheck disable=SC2086
+  step "$1" "pytest tests/$2" .venv/bin/pytest --durations=25 ${TIER_ARGS[$2]:-} ${FTJOB_TEST_ARGS:-} "tests/$2"
+}
 
 for tier in "${tiers[@]}"; do
   [[ -d tests/$tier ]] || { echo "unknown tier '$tier' (${ALL_TIERS[*]})" >&2; exit 2; }
-  # shellcheck disable=SC2086
-  step "pytest tests/$tier" .venv/bin/pytest --durations=25 ${FTJOB_TEST_ARGS:-} "tests/$tier"
 done
+main_lane() {
+  step main "ruff" .venv/bin/ruff check .
+  step main "mypy --strict" .venv/bin/mypy
+  step main "import-linter" .venv/bin/lint-imports
+  step main "CRD is generated from the models" .venv/bin/python -m finetune_operator.api.crdgen --check
+  for tier in "${tiers[@]}"; do
+    [[ ${FTJOB_TEST_LANES:-2} == 1 || -z ${LANE[$tier]:-} ]] && tier_step main "$tier"
+  done
+}
+train_lane() {
+  for tier in "${tiers[@]}"; do
+    [[ -n ${LANE[$tier]:-} ]] && tier_step train "$tier"
+  done
+}
+if [[ ${FTJOB_TEST_LANES:-2} == 1 ]]; then
+  main_lane
+else
+  train_lane >"$RESULTS/train.log" 2>&1 &
+  train_pid=$!
+  main_lane
+  wait "$train_pid"
+  if [[ -s $RESULTS/train.log ]]; then
+    printf '\n\033[1m== the training lane (trainer, prometheus, bench), run beside the above\033[0m\n'
+    cat "$RESULTS/train.log"
+  fi
+fi
 
 printf '\n\033[1m== time per step\033[0m\n'
-for i in "${!names[@]}"; do
-  printf '  %-40s %4dm%02ds  %s\n' "${names[i]}" $((seconds[i] / 60)) $((seconds[i] % 60)) "${results[i]}"
+failed=0
+for lane in main train; do
+  [[ -f $RESULTS/$lane ]] || continue
+  while IFS='|' read -r name secs result; do
+    printf '  %-6s %-40s %4dm%02ds  %s\n' "$lane" "$name" $((secs / 60)) $((secs % 60)) "$result"
+    [[ $result == ok ]] || failed=1
+  done <"$RESULTS/$lane"
 done
 total=$((SECONDS - START))
-printf '  %-40s %4dm%02ds\n' "total (after bootstrap)" $((total / 60)) $((total % 60))
+printf '  %-47s %4dm%02ds\n' "total (after bootstrap, lanes side by side)" $((total / 60)) $((total % 60))
 exit $failed
