@@ -39,9 +39,10 @@ def test_the_8b_example_renders_placement_cache_overlay_and_token(capsys: pytest
     required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert required["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.memory"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
-    assert {"name": "model-cache", "emptyDir": {"sizeLimit": "40Gi"}} in spec["volumes"]
+    (cache,) = sts["spec"]["volumeClaimTemplates"]
+    assert cache["metadata"]["name"] == "model-cache" and cache["spec"]["resources"]["requests"]["storage"] == "40Gi"
     container = spec["containers"][0]
-    assert container["resources"]["requests"]["ephemeral-storage"] == "40Gi"
+    assert {"name": "model-cache", "mountPath": "/var/cache/ftjob"} in container["volumeMounts"]
     assert container["resources"]["limits"]["rdma/ib"] == "1"
     assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
     assert pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "ib-sriov"

@@ -141,12 +141,8 @@ def test_scheduling_fields_pass_through() -> None:
     assert pod["nodeSelector"] == {"pool": "h100"}
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert pod["priorityClassName"] == "training"
-    # plus the hub model's download cache (an emptyDir of the default size)
-    assert pod["containers"][0]["resources"]["requests"] == {
-        "cpu": "16",
-        "memory": "128Gi",
-        "ephemeral-storage": "100Gi",
-    }
+    # the hub model's download cache is a claim per pod, not ephemeral storage
+    assert pod["containers"][0]["resources"]["requests"] == {"cpu": "16", "memory": "128Gi"}
 
 
 def test_claims_are_mounted_where_the_trainer_looks() -> None:

@@ -111,15 +111,14 @@ class LoraSettingError(ConfigError):
 
 
 def fused_expert_parameters(model: Any, targets: Any) -> list[str]:
-    """Parameters `all-linear` adapts through peft's ParamWrapper: a mixture of experts' fused 3-D weights.
+    """Parameters LoRA on `targets` adapts through peft's ParamWrapper: the fused expert weights peft
+    re-targets for this model's family (never gpt-oss's experts or a vision tower's 4-D convolution,
+    which it leaves alone). peft itself answers (`lora_targets.param_wrapped`)."""
+    from peft import LoraConfig
 
-    Recent transformers store the experts of Mixtral-like models as one 3-D tensor per projection,
-    which peft adapts as a parameter, not as a Linear layer; dropout cannot be applied there.
-    """
-    if targets != "all-linear":
-        return []
-    # ds_shape: the full shape of a parameter ZeRO-3 has already partitioned
-    return [n for n, param in model.named_parameters() if len(getattr(param, "ds_shape", None) or param.shape) >= 3]
+    from .lora_targets import param_wrapped
+
+    return param_wrapped(model, LoraConfig(r=1, target_modules=targets, task_type="CAUSAL_LM"))
 
 
 def lora_dropout(requested: float | None, fused_experts: list[str]) -> float:
@@ -155,6 +154,19 @@ def _lora_config(spec: FineTuneJobSpec, model: Any) -> Any:
         task_type="CAUSAL_LM",
         **extra,
     )
+
+
+def lora_skipped(model: Any, spec: FineTuneJobSpec) -> list[str]:
+    """What `all-linear` left frozen on this model (a MoE's experts peft does not adapt), logged once."""
+    lora = spec.method.lora_or_default
+    if str(spec.method.type) == MethodType.FULL or list(lora.target_modules) != ["all-linear"]:
+        return []
+    from .lora_targets import not_adapted
+
+    skipped = not_adapted(model)
+    if skipped and int(os.environ.get("RANK", "0")) == 0:
+        log.warning("LoRA all-linear adapts what peft supports; left frozen: %s", "; ".join(skipped))
+    return skipped
 
 
 def zero3_loading(plan: PlanStatus, method: str, ds_config: dict[str, Any] | None) -> Any:

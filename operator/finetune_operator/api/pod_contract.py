@@ -120,6 +120,8 @@ class TrainingSummary(ApiModel):
     """The checkpoint this run resumed from (unset: a fresh start)."""
     checkpoint_converted: bool | None = None
     """Whether that checkpoint was written under another strategy and converted to this run's."""
+    lora_skipped: list[str] | None = None
+    """Matrix weights LoRA `all-linear` left frozen (a MoE's experts peft does not adapt), by layer-free name."""
 
     @classmethod
     def from_message(cls, text: str) -> TrainingSummary | None:

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_TRAINER_IMAGE = "ghcr.io/finetune-operator/trainer:0.1.0"
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
+DOWNLOAD_TIMEOUT_ENV = "FTJOB_DOWNLOAD_TIMEOUT_SECONDS"
+DEFAULT_DOWNLOAD_TIMEOUT_SECONDS = 7200
+"""A pod's whole model download (141 GB at ~20 MB/s); the ranks' own rendezvous timeout starts after it."""
 
 
 @dataclass(frozen=True)
@@ -20,3 +24,8 @@ class RenderOptions:
     termination_grace_seconds: int = 60
     default_queue_name: str | None = None
     """Kueue LocalQueue for jobs that name none (None: such jobs are not queued)."""
+    hub_endpoint: str | None = None
+    """The hub or mirror trainer pods and inspector pods download from (HF_ENDPOINT); None: the library's default."""
+    model_cache_storage_class: str | None = None
+    """StorageClass of the per-pod model cache claims (None: the cluster's default class)."""
+    download_timeout_seconds: int = DEFAULT_DOWNLOAD_TIMEOUT_SECONDS
