@@ -84,9 +84,9 @@ def test_gpu_jobs_tolerate_the_nvidia_taint_once() -> None:
     assert len(template(job(resources={"tolerations": [same]}))["spec"]["tolerations"]) == 1
 
 
-def statefulset(j: FineTuneJob, model_bytes: int | None = None, options: RenderOptions = RenderOptions()) -> Any:
+def statefulset(j: FineTuneJob, model_bytes: int | None = None, options: RenderOptions | None = None) -> Any:
     plan = fixed_plan(j.spec).model_copy(update={"model_bytes": model_bytes})
-    return next(o for o in render_all(j, plan, options, 2) if o["kind"] == "StatefulSet")
+    return next(o for o in render_all(j, plan, options or RenderOptions(), 2) if o["kind"] == "StatefulSet")
 
 
 def test_hub_model_gets_a_claim_per_pod_that_outlives_gang_restarts_and_prefetch() -> None:

@@ -94,6 +94,6 @@ def next_frugal_plan(
                 rejected_alternatives(explained, chosen),
                 workload.counts.trainable,
             )
-            update = {"replans": current.replans + 1, "replan_reason": reason[:2048], "model_bytes": current.model_bytes}
-            return status.model_copy(update=update)
+            replanned = {"replans": current.replans + 1, "replan_reason": reason[:2048]}
+            return status.model_copy(update={**replanned, "model_bytes": current.model_bytes})
     return None

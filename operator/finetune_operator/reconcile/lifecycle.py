@@ -23,12 +23,23 @@ from .policies.context import (
     Event,
     PlanFailed,
     Planner,
+    PlanPending,
     Replanner,
     StatusBuilder,
     describe_plan,
 )
 
-__all__ = ["POLICIES", "Decision", "Event", "PlanFailed", "Planner", "Replanner", "decide", "describe_plan"]
+__all__ = [
+    "POLICIES",
+    "Decision",
+    "Event",
+    "PlanFailed",
+    "PlanPending",
+    "Planner",
+    "Replanner",
+    "decide",
+    "describe_plan",
+]
 
 Policy = Callable[[Context], Decision | None]
 

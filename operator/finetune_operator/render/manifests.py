@@ -96,7 +96,7 @@ def render_all(
         replicas,
         gang if gang is not None else gang_hash(job, plan, options),
         plan.host_bytes_per_node,
-        plan.model_bytes,
+        model_bytes=plan.model_bytes,
     )
     if placement:
         pod_spec = workers["spec"]["template"]["spec"]

@@ -134,6 +134,7 @@ def statefulset(
     replicas: int,
     config_hash: str,
     host_bytes: int = 0,
+    *,
     model_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The workers; `replicas` is numNodes while running, 0 when suspended or finished.

@@ -210,7 +210,7 @@ class HubServer:
             "_id": hashlib.md5(repo_id.encode()).hexdigest()[:24],
             "id": repo_id,
             "modelId": repo_id,
-            "author": repo_id.split("/")[0],
+            "author": repo_id.split("/", maxsplit=1)[0],
             "sha": sha,
             "private": repo.private,
             "gated": "manual" if repo.gated else False,
@@ -289,7 +289,7 @@ def _handler(hub: HubServer, role: str) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+        def log_message(self, format: str, *args: Any) -> None:
             return  # quiet: tests read `hub.requests`
 
         def do_HEAD(self) -> None:
