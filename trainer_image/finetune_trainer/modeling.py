@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.lora_rules import UnsupportedSetting, resolve_lora_dropout
+from finetune_operator.api.model_uri import hub_model
 from finetune_operator.api.spec import FineTuneJobSpec, MethodType
 from finetune_operator.api.status import PlanStatus
 
@@ -77,13 +78,20 @@ def model_path(uri: str, cache_root: Path, seed: int) -> str:
             raise ModelNotFound(str(exc)) from None
     local = resolve_uri(uri)
     if local is None:
-        return uri.removeprefix("hf://")
+        hub = hub_model(uri)
+        return hub.repo if hub is not None else uri
     path = Path(local)
     if not path.exists():
         raise ModelNotFound(f"model.uri {uri}: path {path} does not exist (is the volume mounted?)")
     if not (path / "config.json").exists():
         raise ModelNotFound(f"model.uri {uri}: {path} has no config.json (not a transformers model folder)")
     return str(path)
+
+
+def model_revision(spec: FineTuneJobSpec) -> str | None:
+    """The hub revision the job pins (`model.revision`, or the uri's `@revision`)."""
+    hub = hub_model(spec.model.uri, spec.model.revision)
+    return hub.revision if hub is not None else spec.model.revision
 
 
 def load_tokenizer(path: str, spec: FineTuneJobSpec, cache_root: Path) -> Any:
@@ -95,7 +103,7 @@ def load_tokenizer(path: str, spec: FineTuneJobSpec, cache_root: Path) -> Any:
     try:
         tok = AutoTokenizer.from_pretrained(
             source,
-            revision=spec.model.revision,
+            revision=model_revision(spec) if source == path else None,
             trust_remote_code=spec.model.trust_remote_code,
             token=os.environ.get("HF_TOKEN"),
         )
@@ -219,7 +227,7 @@ def load_model(
     kwargs: dict[str, Any] = {
         "dtype": dtype,
         "attn_implementation": compute.attn_implementation,
-        "revision": spec.model.revision,
+        "revision": model_revision(spec),
         "trust_remote_code": spec.model.trust_remote_code,
         "token": os.environ.get("HF_TOKEN"),
     }

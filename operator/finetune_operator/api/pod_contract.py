@@ -44,6 +44,9 @@ class TerminationReason(StrEnum):
     OUTPUT_FULL = "OutputFull"
     """The output volume ran out of space (or quota) while saving; retried, since space can be
     freed while the job waits, and the previous checkpoint is intact."""
+    DOWNLOAD_TIMEOUT = "DownloadTimeout"
+    """A pod's model download (or its wait for the other pods' downloads) outlived its own limit;
+    retried: the restarted pod resumes the download from its cache claim."""
     NETWORK_ERROR = "NetworkError"
     """The collectives' transport failed (e.g. NCCL could not register memory with the RDMA
     device): retried like any rank failure, never re-planned, whatever errno text it carries."""
