@@ -24,6 +24,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from finetune_operator.api.model_cache import DOWNLOADED_PATTERNS
 from finetune_operator.api.model_uri import hub_model
 
 from .metrics.exporter import metrics_port
@@ -31,8 +32,8 @@ from .settings import JobConfig
 
 log = logging.getLogger(__name__)
 ENV = "FTJOB_PREFETCH_MODEL"
-WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.py"]
-"""What from_pretrained reads: configs, safetensors weights, tokenizer files (no .bin/.pth duplicates)."""
+WEIGHT_PATTERNS = list(DOWNLOADED_PATTERNS)
+"""What from_pretrained reads: configs, safetensors weights, tokenizer files, the chat template."""
 
 
 def hub_repo(uri: str) -> str | None:

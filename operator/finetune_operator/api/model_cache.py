@@ -12,6 +12,9 @@ import math
 
 from .base import quantity_bytes
 
+DOWNLOADED_PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja", "*.py")
+"""What a trainer pod downloads of a hub model and `from_pretrained` reads: configs, safetensors weights,
+tokenizer files and the chat template (no .bin/.pth duplicates). The cache is sized to these."""
 GIB = 2**30
 NEEDED_SLACK = 0.05
 NEEDED_EXTRA_BYTES = 1 * GIB

@@ -16,6 +16,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
+from ..api.model_cache import DOWNLOADED_PATTERNS
 from ..api.model_inspection import (
     HUB_UNREACHABLE,
     MODEL_ACCESS_DENIED,
@@ -26,8 +27,6 @@ from ..api.model_inspection import (
 )
 from ..api.model_uri import HubModel
 
-DOWNLOADED_PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.py")
-"""What a trainer pod downloads of a hub model (its prefetch patterns): the cache must hold these."""
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 """Class-name endings of the architectures transformers' AutoModelForCausalLM builds."""
 HUB_TIMEOUT_SECONDS = 10.0
