@@ -79,6 +79,15 @@ class FakeCluster:
     def claim_access_modes(self, namespace: str, claim: str) -> tuple[str, ...] | None:
         return self.access_modes
 
+    def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The last ConfigMap of that name the Reconciler applied, as stored."""
+        for objects in reversed(self.applied):
+            for obj in objects:
+                if obj.get("kind") == "ConfigMap" and obj["metadata"]["name"] == name:
+                    found: dict[str, Any] = copy.deepcopy(obj)
+                    return found
+        return None
+
     def pod_warning(self, namespace: str, pod_uid: str) -> str | None:
         self.warnings_read.append(pod_uid)
         return self.warnings.get(pod_uid)

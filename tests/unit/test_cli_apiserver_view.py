@@ -44,7 +44,7 @@ def test_a_null_in_a_field_that_is_not_nullable_takes_the_default(tmp_path: Path
 
 
 def test_a_null_in_a_nullable_field_is_kept() -> None:
-    assert as_stored({"spec": {"model": {"revision": None}}}) == {"spec": {"model": {"revision": None}}}
+    assert as_stored({"spec": {"model": {"architecture": None}}}) == {"spec": {"model": {"architecture": None}}}
     # validationSplit's presence is tested by a rule (has()), so it is not nullable: pruned
     assert as_stored({"spec": {"dataset": {"validationSplit": None}}}) == {"spec": {"dataset": {}}}
 

@@ -39,11 +39,31 @@ def test_the_8b_example_renders_placement_cache_overlay_and_token(capsys: pytest
     required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert required["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.memory"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
-    assert {"name": "model-cache", "emptyDir": {"sizeLimit": "40Gi"}} in spec["volumes"]
+    (cache,) = sts["spec"]["volumeClaimTemplates"]
+    assert cache["metadata"]["name"] == "model-cache" and cache["spec"]["resources"]["requests"]["storage"] == "40Gi"
     container = spec["containers"][0]
-    assert container["resources"]["requests"]["ephemeral-storage"] == "40Gi"
+    assert {"name": "model-cache", "mountPath": "/var/cache/ftjob"} in container["volumeMounts"]
     assert container["resources"]["limits"]["rdma/ib"] == "1"
     assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
     assert pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "ib-sriov"
     token = next(e for e in container["env"] if e["name"] == "HF_TOKEN")
     assert token["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
+
+
+def test_the_70b_example_gets_a_cache_that_fits_and_a_too_small_one_is_refused_naming_the_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 24's "done when": Llama-3.1-70B's 141 GB (131.4 GiB) of bf16 weights fit each pod's cache claim."""
+    assert main(["render", str(EXAMPLES / "lora-70b-4x8x80gi.yaml")]) == 0
+    sts = next(d for d in yaml.safe_load_all(capsys.readouterr().out) if d["kind"] == "StatefulSet")
+    (cache,) = sts["spec"]["volumeClaimTemplates"]
+    assert cache["spec"]["resources"]["requests"]["storage"] == "160Gi"
+    assert cache["spec"]["accessModes"] == ["ReadWriteOnce"]
+    small = yaml.safe_load((EXAMPLES / "lora-70b-4x8x80gi.yaml").read_text())
+    small["spec"]["model"]["cache"] = {"size": "100Gi"}
+    job = tmp_path / "small.yaml"
+    job.write_text(yaml.safe_dump(small))
+    assert main(["render", str(job)]) == 2
+    err = capsys.readouterr().err
+    assert "InvalidSpec: spec.model.cache.size 100Gi cannot hold meta-llama/Llama-3.1-70B" in err
+    assert "its files are 131.4 GiB (141.1 GB); set at least 139Gi, or leave size unset for 160Gi" in err

@@ -66,7 +66,7 @@ def test_schema_is_structural(path: str, node: dict[str, Any]) -> None:
 
 def test_optionals_are_nullable_and_required_are_not() -> None:
     spec = openapi_schema()["properties"]["spec"]["properties"]
-    assert spec["model"]["properties"]["revision"]["nullable"] is True
+    assert spec["model"]["properties"]["architecture"]["nullable"] is True
     assert "nullable" not in spec["model"]["properties"]["uri"]
     # presence-tested fields are pruned instead, so has() means "set"
     assert "nullable" not in spec["deepspeed"]["properties"]["nvmePath"]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from finetune_operator.api.model_uri import hub_model
 from finetune_operator.api.object_storage import ConfigMapKey, ObjectStorageSpec
 from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_operator.cli.main import main
@@ -22,12 +23,13 @@ from tests.factories import job_document, make_job
 
 pytestmark = pytest.mark.timeout(30)
 
+S3_MODEL = {"uri": "s3://models/base/tiny", "architecture": "meta-llama/Llama-3.1-8B"}
 CREDS = {"objectStorage": {"credentials": {"secretName": "s3-keys"}, "endpoint": "http://127.0.0.1:8333"}}
 
 
 def s3_job(**overrides: Any) -> Any:
     spec = {
-        "model": {"uri": "s3://models/base/tiny", "architecture": "meta-llama/Llama-3.1-8B"},
+        "model": S3_MODEL,
         "dataset": {"uri": "s3://data/train.jsonl", "validationUri": "s3://data/eval.jsonl"},
         "output": {"uri": "s3://runs/team/job-1"},
         "resources": {"numNodes": 2, "gpusPerNode": 8},
@@ -173,3 +175,39 @@ def test_planning_an_s3_model_asks_for_its_architecture() -> None:
 
     with pytest.raises(UnknownArchitectureError, match=r"does not read object storage.*model\.architecture"):
         resolve_model(make_job(model={"uri": "s3://models/x"}, **CREDS).spec.model)
+
+
+def test_an_s3_model_is_mirrored_into_an_emptydir_not_downloaded_from_the_hub() -> None:
+    assert hub_model("s3://models/base/tiny") is None
+    job = s3_job(output={"uri": "pvc://out/run"})
+    workers = next(o for o in render_all(job, fixed_plan(job.spec), RenderOptions(), 2) if o["kind"] == "StatefulSet")
+    assert "volumeClaimTemplates" not in workers["spec"]  # no per-pod hub cache claim
+    pod = pod_of(job)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["model-cache"] == {"name": "model-cache", "emptyDir": {"sizeLimit": "100Gi"}}
+    env = env_of(pod)
+    assert "FTJOB_PREFETCH_MODEL" not in env and not env["HF_HOME"].startswith("/var/cache/ftjob")
+    assert pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "100Gi"
+    sized = pod_of(s3_job(output={"uri": "pvc://out/run"}, model={**S3_MODEL, "cache": {"size": "30Gi"}}))
+    assert {v["name"]: v for v in sized["volumes"]}["model-cache"]["emptyDir"] == {"sizeLimit": "30Gi"}
+
+
+def test_a_hub_model_with_s3_data_mirrors_into_its_cache_claim() -> None:
+    job = s3_job(model={"uri": "meta-llama/Llama-3.1-8B"}, output={"uri": "pvc://out/run"})
+    workers = next(o for o in render_all(job, fixed_plan(job.spec), RenderOptions(), 2) if o["kind"] == "StatefulSet")
+    (claim,) = workers["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "model-cache" and claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    pod = pod_of(job)
+    assert "model-cache" not in {v["name"] for v in pod["volumes"]}  # the claim template provides it
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    env = env_of(pod)
+    assert env["FTJOB_S3_MIRROR"].startswith(mounts["model-cache"] + "/") and env["FTJOB_PREFETCH_MODEL"] == "1"
+    assert "ephemeral-storage" not in pod["containers"][0]["resources"].get("requests", {})
+
+
+def test_s3_inputs_use_a_named_cache_claim() -> None:
+    model = {**S3_MODEL, "cache": {"claimName": "mirror"}}
+    pod = pod_of(s3_job(model=model, output={"uri": "pvc://out/run"}))
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": "mirror"}
+    assert "ephemeral-storage" not in pod["containers"][0]["resources"].get("requests", {})

@@ -141,12 +141,8 @@ def test_scheduling_fields_pass_through() -> None:
     assert pod["nodeSelector"] == {"pool": "h100"}
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert pod["priorityClassName"] == "training"
-    # plus the hub model's download cache (an emptyDir of the default size)
-    assert pod["containers"][0]["resources"]["requests"] == {
-        "cpu": "16",
-        "memory": "128Gi",
-        "ephemeral-storage": "100Gi",
-    }
+    # the hub model's download cache is a claim per pod, not ephemeral storage
+    assert pod["containers"][0]["resources"]["requests"] == {"cpu": "16", "memory": "128Gi"}
 
 
 def test_claims_are_mounted_where_the_trainer_looks() -> None:
@@ -268,7 +264,7 @@ def test_every_env_name_the_operator_sets_is_reserved_or_a_default_users_may_ove
         resources={"numNodes": 2, "gpusPerNode": 8, "cpu": "32"},
     )
     names = [e["name"] for e in container(rendered(j))["env"]]
-    overridable = {*DEFAULT_ENV, "HF_TOKEN", "OMP_NUM_THREADS"}
+    overridable = {*DEFAULT_ENV, "HF_TOKEN", "OMP_NUM_THREADS", "HF_ENDPOINT", "FTJOB_DOWNLOAD_TIMEOUT_SECONDS"}
     assert "FTJOB_PREFETCH_MODEL" in names and "DS_ACCELERATOR" in names
     assert sorted(n for n in names if n not in overridable and n not in RESERVED_ENV) == []
     assert len(names) == len(set(names))

@@ -84,21 +84,47 @@ def test_gpu_jobs_tolerate_the_nvidia_taint_once() -> None:
     assert len(template(job(resources={"tolerations": [same]}))["spec"]["tolerations"]) == 1
 
 
-def test_hub_model_gets_a_sized_cache_and_prefetch() -> None:
-    t = template(job(model={"uri": "meta-llama/Llama-3.1-8B", "cache": {"size": "40Gi"}}))
-    volumes = {v["name"]: v for v in t["spec"]["volumes"]}
-    assert volumes["model-cache"] == {"name": "model-cache", "emptyDir": {"sizeLimit": "40Gi"}}
+def statefulset(j: FineTuneJob, model_bytes: int | None = None, options: RenderOptions | None = None) -> Any:
+    plan = fixed_plan(j.spec).model_copy(update={"model_bytes": model_bytes})
+    return next(o for o in render_all(j, plan, options or RenderOptions(), 2) if o["kind"] == "StatefulSet")
+
+
+def test_hub_model_gets_a_claim_per_pod_that_outlives_gang_restarts_and_prefetch() -> None:
+    sts = statefulset(job(model={"uri": "meta-llama/Llama-3.1-8B", "cache": {"size": "40Gi"}}))
+    (cache,) = sts["spec"]["volumeClaimTemplates"]
+    assert cache["metadata"]["name"] == "model-cache"
+    assert cache["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "40Gi"}}}
+    # pods are deleted by a gang restart and the claims kept; deleting the job deletes them
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Delete", "whenScaled": "Retain"}
+    t = sts["spec"]["template"]
+    assert "model-cache" not in {v["name"] for v in t["spec"]["volumes"]}  # the template provides it
     c = t["spec"]["containers"][0]
-    assert c["resources"]["requests"]["ephemeral-storage"] == "40Gi"
+    assert "ephemeral-storage" not in c["resources"].get("requests", {})
     assert {"name": "model-cache", "mountPath": "/var/cache/ftjob"} in c["volumeMounts"]
     env = env_of(t)
     assert env["HF_HOME"] == "/var/cache/ftjob/hf" and env["FTJOB_PREFETCH_MODEL"] == "1"
+    assert env["FTJOB_DOWNLOAD_TIMEOUT_SECONDS"] == "7200" and "HF_ENDPOINT" not in env
 
 
-def test_cache_claim_replaces_the_emptydir() -> None:
-    t = template(job(model={"uri": "hf://meta-llama/Llama-3.1-8B", "cache": {"claimName": "hf-cache"}}))
+def test_the_cache_claim_is_sized_from_the_models_files_with_the_storage_class() -> None:
+    seventy_b = 141_107_412_992  # Llama-3.1-70B's safetensors, bf16
+    options = RenderOptions(model_cache_storage_class="fast-ssd", hub_endpoint="http://mirror.local")
+    sts = statefulset(job(model={"uri": "meta-llama/Llama-3.1-70B"}), seventy_b, options)
+    spec = sts["spec"]["volumeClaimTemplates"][0]["spec"]
+    assert spec["resources"]["requests"]["storage"] == "160Gi" and spec["storageClassName"] == "fast-ssd"
+    assert env_of(sts["spec"]["template"])["HF_ENDPOINT"] == "http://mirror.local"
+    own = job(model={"uri": "meta-llama/Llama-3.1-70B", "cache": {"storageClassName": "nvme-local"}})
+    assert statefulset(own, seventy_b, options)["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == (
+        "nvme-local"
+    )
+
+
+def test_cache_claim_replaces_the_claim_per_pod() -> None:
+    sts = statefulset(job(model={"uri": "hf://meta-llama/Llama-3.1-8B", "cache": {"claimName": "hf-cache"}}))
+    t = sts["spec"]["template"]
     volumes = {v["name"]: v for v in t["spec"]["volumes"]}
     assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": "hf-cache"}
+    assert "volumeClaimTemplates" not in sts["spec"]
     assert "ephemeral-storage" not in t["spec"]["containers"][0]["resources"].get("requests", {})
 
 
@@ -106,6 +132,7 @@ def test_pvc_model_needs_no_cache() -> None:
     t = template(job(model={"uri": "pvc://models/llama"}))
     assert "model-cache" not in {v["name"] for v in t["spec"]["volumes"]}
     assert "FTJOB_PREFETCH_MODEL" not in env_of(t)
+    assert "volumeClaimTemplates" not in statefulset(job(model={"uri": "pvc://models/llama"}))["spec"]
 
 
 OVERLAY = {

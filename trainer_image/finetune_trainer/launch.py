@@ -27,11 +27,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from finetune_operator.api.pod_contract import TrainingSummary
+from finetune_operator.api.pod_contract import TerminationReason, TrainingSummary
 
 from . import outcome, process_tree, s3_checkpoints, s3_inputs, shm_segments
+from .download_gate import DownloadTimeout, download_timeout, gang_ready, within_limit
 from .objstore import StoreError
 from .paths import completion_marker
+from .prefetch import ENV as PREFETCH_ENV
 from .prefetch import prefetch
 from .settings import ConfigError, JobConfig, env_int, load_config
 from .tracking.session import TrackingSession, start_session
@@ -40,6 +42,9 @@ log = logging.getLogger(__name__)
 
 WORKER_MODULE = "finetune_trainer.worker"
 DEFAULT_MASTER_PORT = 29500
+GANG_SLACK_SECONDS = 60.0
+"""How much longer than its own download limit a pod waits for the others' downloads: a slower
+peer hits its own limit (and fails, restarting the gang) first."""
 
 
 @dataclass
@@ -147,7 +152,15 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
         outcome.write_termination(message)
         return Result(1, None, message)
     try:
-        prefetch(cfg, node_rank)
+        limit = download_timeout()
+        deadline = time.monotonic() + limit + GANG_SLACK_SECONDS
+        within_limit(lambda: prefetch(cfg, node_rank), limit, f"downloading {cfg.job.spec.model.uri}")
+        if os.environ.get(PREFETCH_ENV) == "1":  # every pod has the model before any rank starts
+            gang_ready(node_rank, len(cfg.hosts), master_addr, master_port, deadline)
+    except DownloadTimeout as exc:
+        message = outcome.one_line(f"{TerminationReason.DOWNLOAD_TIMEOUT}: {exc}")
+        outcome.write_termination(message)
+        return Result(1, None, message)
     except Exception as exc:  # a gated repo without HF_TOKEN, a wrong id, no network
         message = outcome.one_line(f"{outcome.MODEL_NOT_FOUND}: downloading {cfg.job.spec.model.uri}: {exc}")
         outcome.write_termination(message)

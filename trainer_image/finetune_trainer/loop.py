@@ -94,6 +94,8 @@ class Trainer:
         self.log_path = self.out / LOG_FILE
         self.started = time.time()
         self.resumed: tuple[int, bool] | None = None
+        self.lora_skipped: list[str] = []
+        """What LoRA all-linear left frozen (`modeling.lora_skipped`), for the summary."""
         """(checkpoint step, written under another strategy) once `_resume` loaded one."""
         self.tracking: Recorder | None = None
         """Rank 0's experiment-tracking records (set up with the engine; see `finetune_trainer.tracking`)."""
@@ -120,6 +122,7 @@ class Trainer:
         torch.manual_seed(spec.training.seed)
         ds_config = modeling.effective_deepspeed_config(self.cfg.deepspeed, self.compute)
         model = modeling.load_model(spec, plan, self.model_path, self.compute, ds_config)
+        self.lora_skipped = modeling.lora_skipped(model, spec)
         self.trainable, self.total_params = modeling.trainable_parameters(model)
         self.loss = training_loss(model, on_gpu)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -563,6 +566,7 @@ class Trainer:
             skipped_records=self.skipped,
             resumed_from_step=self.resumed[0] if self.resumed else None,
             checkpoint_converted=self.resumed[1] if self.resumed else None,
+            lora_skipped=self.lora_skipped or None,
         )
 
     def _progress_bar(self, start: int) -> Any:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.lora_rules import UnsupportedSetting, resolve_lora_dropout
+from finetune_operator.api.model_uri import hub_model
 from finetune_operator.api.spec import FineTuneJobSpec, MethodType
 from finetune_operator.api.status import PlanStatus
 
@@ -106,13 +107,20 @@ def model_path(uri: str, cache_root: Path, seed: int) -> str:
             raise ModelNotFound(str(exc)) from None
     local = resolve_uri(uri)
     if local is None:
-        return uri.removeprefix("hf://")
+        hub = hub_model(uri)
+        return hub.repo if hub is not None else uri
     path = Path(local)
     if not path.exists():
         raise ModelNotFound(f"model.uri {uri}: path {path} does not exist (is the volume mounted?)")
     if not (path / "config.json").exists():
         raise ModelNotFound(f"model.uri {uri}: {path} has no config.json (not a transformers model folder)")
     return str(path)
+
+
+def model_revision(spec: FineTuneJobSpec) -> str | None:
+    """The hub revision the job pins (`model.revision`, or the uri's `@revision`)."""
+    hub = hub_model(spec.model.uri, spec.model.revision)
+    return hub.revision if hub is not None else spec.model.revision
 
 
 def load_tokenizer(path: str, spec: FineTuneJobSpec, cache_root: Path) -> Any:
@@ -124,7 +132,7 @@ def load_tokenizer(path: str, spec: FineTuneJobSpec, cache_root: Path) -> Any:
     try:
         tok = AutoTokenizer.from_pretrained(
             source,
-            revision=spec.model.revision,
+            revision=model_revision(spec) if source == path else None,
             trust_remote_code=spec.model.trust_remote_code,
             token=os.environ.get("HF_TOKEN"),
         )
@@ -140,15 +148,14 @@ class LoraSettingError(ConfigError):
 
 
 def fused_expert_parameters(model: Any, targets: Any) -> list[str]:
-    """Parameters `all-linear` adapts through peft's ParamWrapper: a mixture of experts' fused 3-D weights.
+    """Parameters LoRA on `targets` adapts through peft's ParamWrapper: the fused expert weights peft
+    re-targets for this model's family (never gpt-oss's experts or a vision tower's 4-D convolution,
+    which it leaves alone). peft itself answers (`lora_targets.param_wrapped`)."""
+    from peft import LoraConfig
 
-    Recent transformers store the experts of Mixtral-like models as one 3-D tensor per projection,
-    which peft adapts as a parameter, not as a Linear layer; dropout cannot be applied there.
-    """
-    if targets != "all-linear":
-        return []
-    # ds_shape: the full shape of a parameter ZeRO-3 has already partitioned
-    return [n for n, param in model.named_parameters() if len(getattr(param, "ds_shape", None) or param.shape) >= 3]
+    from .lora_targets import param_wrapped
+
+    return param_wrapped(model, LoraConfig(r=1, target_modules=targets, task_type="CAUSAL_LM"))
 
 
 def lora_dropout(requested: float | None, fused_experts: list[str]) -> float:
@@ -184,6 +191,19 @@ def _lora_config(spec: FineTuneJobSpec, model: Any) -> Any:
         task_type="CAUSAL_LM",
         **extra,
     )
+
+
+def lora_skipped(model: Any, spec: FineTuneJobSpec) -> list[str]:
+    """What `all-linear` left frozen on this model (a MoE's experts peft does not adapt), logged once."""
+    lora = spec.method.lora_or_default
+    if str(spec.method.type) == MethodType.FULL or list(lora.target_modules) != ["all-linear"]:
+        return []
+    from .lora_targets import not_adapted
+
+    skipped = not_adapted(model)
+    if skipped and int(os.environ.get("RANK", "0")) == 0:
+        log.warning("LoRA all-linear adapts what peft supports; left frozen: %s", "; ".join(skipped))
+    return skipped
 
 
 def zero3_loading(plan: PlanStatus, method: str, ds_config: dict[str, Any] | None) -> Any:
@@ -236,7 +256,7 @@ def load_model(
     kwargs: dict[str, Any] = {
         "dtype": dtype,
         "attn_implementation": compute.attn_implementation,
-        "revision": spec.model.revision,
+        "revision": model_revision(spec),
         "trust_remote_code": spec.model.trust_remote_code,
         "token": os.environ.get("HF_TOKEN"),
     }

@@ -24,20 +24,22 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from finetune_operator.api.model_cache import DOWNLOADED_PATTERNS
+from finetune_operator.api.model_uri import hub_model
+
 from .metrics.exporter import metrics_port
 from .settings import JobConfig
 
 log = logging.getLogger(__name__)
 ENV = "FTJOB_PREFETCH_MODEL"
-WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.py"]
-"""What from_pretrained reads: configs, safetensors weights, tokenizer files (no .bin/.pth duplicates)."""
+WEIGHT_PATTERNS = list(DOWNLOADED_PATTERNS)
+"""What from_pretrained reads: configs, safetensors weights, tokenizer files, the chat template."""
 
 
 def hub_repo(uri: str) -> str | None:
-    """The repo id of a hub URI (`org/name`, `hf://org/name`), None for anything else."""
-    if uri.startswith(("pvc://", "file://", "/", "builtin://", "s3://")):
-        return None
-    return uri.removeprefix("hf://")
+    """The repo id of a hub URI (`org/name`, `hf://org/name`, either with `@revision`), None for anything else."""
+    model = hub_model(uri)
+    return model.repo if model is not None else None
 
 
 DOWNLOADED = "finetune_model_download_bytes"
@@ -123,9 +125,10 @@ def prefetch(
     `downloader` and `total` stand in for the hub in tests (`snapshot_download` and the size
     of the repo's files)."""
     model = cfg.job.spec.model
-    repo = hub_repo(model.uri)
-    if os.environ.get(ENV) != "1" or repo is None:
+    hub = hub_model(model.uri, model.revision)
+    if os.environ.get(ENV) != "1" or hub is None:
         return None
+    repo, revision = hub.repo, hub.revision
     if downloader is None:
         from huggingface_hub import snapshot_download
 
@@ -134,14 +137,14 @@ def prefetch(
     log.warning("downloading %s into the model cache %s (once per pod)", repo, cache)
     if total is None:
         try:
-            total = _hub_total_bytes(repo, model.revision)
+            total = _hub_total_bytes(repo, revision)
         except Exception as exc:  # the listing is only for the progress: the download says what is wrong
             log.warning("cannot size %s for the download progress: %s", repo, exc)
             total = 0
     port = metrics_port(0) if node_rank == 0 else None  # rank 0's port: the one the operator reads
     address = os.environ.get("FTJOB_POD_IP", "127.0.0.1")
     with download_progress(total, cache, port=port, address=address):
-        path = str(downloader(repo, revision=model.revision, allow_patterns=WEIGHT_PATTERNS))
+        path = str(downloader(repo, revision=revision, allow_patterns=WEIGHT_PATTERNS))
         tokenizer = hub_repo(model.tokenizer) if model.tokenizer else None
         if tokenizer is not None:
             downloader(tokenizer, allow_patterns=WEIGHT_PATTERNS)

@@ -48,6 +48,9 @@ class TerminationReason(StrEnum):
     STORAGE_ACCESS_DENIED = "StorageAccessDenied"
     """Object storage refused the job's credentials (named by their Secret): not retried, a restart
     presents the same keys."""
+    DOWNLOAD_TIMEOUT = "DownloadTimeout"
+    """A pod's model download (or its wait for the other pods' downloads) outlived its own limit;
+    retried: the restarted pod resumes the download from its cache claim."""
     NETWORK_ERROR = "NetworkError"
     """The collectives' transport failed (e.g. NCCL could not register memory with the RDMA
     device): retried like any rank failure, never re-planned, whatever errno text it carries."""
@@ -129,6 +132,8 @@ class TrainingSummary(ApiModel):
     """Whether that checkpoint was written under another strategy and converted to this run's."""
     tracking: TrackingResult | None = None
     """The run the entrypoint published to, once its last records were sent (or it gave up waiting)."""
+    lora_skipped: list[str] | None = None
+    """Matrix weights LoRA `all-linear` left frozen (a MoE's experts peft does not adapt), by layer-free name."""
 
     @classmethod
     def from_message(cls, text: str) -> TrainingSummary | None:

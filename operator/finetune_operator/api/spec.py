@@ -45,15 +45,21 @@ BUILTIN_DATASETS = ("reverse-words", "secret-code")
 """`builtin://` datasets the trainer generates in code (the demo tasks)."""
 
 
-def _uri_pattern(builtins: tuple[str, ...]) -> str:
+HUB_REVISION = r"(@[A-Za-z0-9][-A-Za-z0-9_./]*)?"
+"""A hub id's optional `@revision` (branch, tag or commit), model URIs only."""
+PINNED_HUB_ID = r"^(hf://)?[A-Za-z0-9][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)?@"
+"""A hub id that pins its revision in the uri."""
+
+
+def _uri_pattern(builtins: tuple[str, ...], revision: str = "") -> str:
     return (
-        r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?"
-        rf"|file:///[^\s]*|/[^\s]*|{S3_URI}|builtin://({'|'.join(builtins)})|[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+)$"
+        rf"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)?{revision}|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?"
+        rf"|file:///[^\s]*|/[^\s]*|{S3_URI}|builtin://({'|'.join(builtins)})|[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+{revision})$"
     )
 
 
-URI_PATTERN = _uri_pattern(BUILTIN_MODELS)
-"""Where a model lives: `hf://org/name` or `org/name` (hub id), `pvc://claim/path`,
+URI_PATTERN = _uri_pattern(BUILTIN_MODELS, HUB_REVISION)
+"""Where a model lives: `hf://org/name` or `org/name` (hub id, optionally `@revision`), `pvc://claim/path`,
 `file:///abs/path` or `/abs/path` (inside the container), `s3://bucket/prefix`, or one of `BUILTIN_MODELS`."""
 DATASET_URI_PATTERN = _uri_pattern(BUILTIN_DATASETS)
 """Where a dataset lives: as `URI_PATTERN`, with `BUILTIN_DATASETS` as the built-in names."""
@@ -64,8 +70,8 @@ DEFAULT_WARMUP_RATIO = 0.03
 OUTPUT_URI_PATTERN = rf"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*|{S3_URI})$"
 
 PATTERN_HINTS: dict[str, str] = {
-    URI_PATTERN: "must be a hub id (org/name or hf://org/name), pvc://claim/path, s3://bucket/prefix (bucket: 3-63 "
-    "lowercase letters, digits, '.' or '-'), an absolute path, or one of "
+    URI_PATTERN: "must be a hub id (org/name or hf://org/name, optionally @revision), pvc://claim/path, "
+    "s3://bucket/prefix (bucket: 3-63 lowercase letters, digits, '.' or '-'), an absolute path, or one of "
     + ", ".join(f"builtin://{name}" for name in BUILTIN_MODELS),
     DATASET_URI_PATTERN: "must be a hub id (org/name or hf://org/name), pvc://claim/path, s3://bucket/prefix "
     "(bucket: 3-63 lowercase letters, digits, '.' or '-'), an absolute path, or one of "
@@ -184,21 +190,28 @@ class RuledModel(ApiModel):
         return self
 
 
-DEFAULT_MODEL_CACHE_SIZE = "100Gi"
-
-
 class ModelCacheSpec(ApiModel):
-    """The download cache of a hub model: a claim shared across restarts, or a sized emptyDir."""
+    """The download cache of a hub model (a claim per pod that survives gang restarts, or one shared claim),
+    which also holds the mirror of s3:// inputs (an emptyDir when there is no hub model)."""
 
     claim_name: Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] | None = Field(
         default=None,
-        description="A PersistentVolumeClaim to download into (kept across gang restarts; ReadWriteMany when "
-        "numNodes > 1). Unset: an emptyDir of `size` per pod.",
+        description="A PersistentVolumeClaim every pod downloads into (ReadWriteMany when numNodes > 1). Unset: "
+        "for a hub model each pod gets its own ReadWriteOnce claim from the StatefulSet's volumeClaimTemplates, "
+        "kept across gang restarts and deleted with the job; without one, s3:// inputs are mirrored into an "
+        "emptyDir of `size`.",
     )
     size: Quantity | None = Field(
         default=None,
-        description="emptyDir size limit and ephemeral-storage request (default 100Gi); at least the model's "
-        "weights (16 GB for 8B, 141 GB for 70B in bf16).",
+        description="Size of each pod's cache claim (hub model). Default: the model's weight bytes (from the hub's "
+        "safetensors index, the claim's files or the catalogue) plus 20% and 2 GiB; a smaller size than the "
+        "weights need is refused (InvalidSpec) naming the size needed. Without a hub model: the emptyDir size "
+        "limit and ephemeral-storage request of the s3:// mirror (default 100Gi).",
+    )
+    storage_class_name: Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] | None = Field(
+        default=None,
+        description="StorageClass of the per-pod cache claims (default: the operator's modelCache.storageClassName, "
+        "else the cluster's default class).",
     )
 
 
@@ -206,13 +219,13 @@ class ModelSpec(RuledModel):
     """The base model to fine-tune."""
 
     uri: Annotated[str, Field(max_length=512, pattern=URI_PATTERN)] = Field(
-        description="Where the model is: hub id (`org/name` or `hf://org/name`), "
+        description="Where the model is: hub id (`org/name` or `hf://org/name`, optionally `@revision`), "
         "`pvc://claim/path`, an absolute path in the container (the operator cannot read it: set `architecture`), "
         "`builtin://tiny-llama` (random, tiny) "
         "or `builtin://smollm2-135m-instruct` (a real pretrained 135M instruct model)."
     )
     revision: Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")] | None = Field(
-        default=None, description="Hub revision (branch, tag or commit)."
+        default=None, description="Hub revision (branch, tag or commit); or pin it in the uri (`org/name@rev`)."
     )
     tokenizer: Annotated[str, Field(max_length=512, pattern=URI_PATTERN)] | None = Field(
         default=None, description="Tokenizer location when it differs from the model's."
@@ -220,17 +233,28 @@ class ModelSpec(RuledModel):
     trust_remote_code: bool = Field(default=False, description="Allow code from the model repository to run.")
     architecture: Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")] | None = Field(
         default=None,
-        description="Catalogue name used for planning when the operator cannot read the model's "
-        "config.json (e.g. `meta-llama/Llama-3.1-8B`). Defaults to the model's hub id.",
+        description="What the planner counts instead of the model's own config.json: a catalogue name "
+        "(e.g. `meta-llama/Llama-3.1-8B`) or, for `ftjob plan`, a local folder. Needed only for a path inside "
+        "the image; hub ids and pvc:// models are planned from their own config.json.",
     )
     cache: ModelCacheSpec | None = Field(
         default=None,
-        description="Where a hub model is downloaded, once per pod before the ranks start (hub models only; "
-        "default: an emptyDir of 100Gi with a matching ephemeral-storage request). pvc:// models need no cache "
-        "and are the recommended path for large models.",
+        description="Where a hub model is downloaded, and s3:// inputs mirrored, once per pod before the ranks "
+        "start (default: for a hub model a claim per pod sized from the model's weights, kept across gang "
+        "restarts; otherwise an emptyDir of 100Gi with a matching ephemeral-storage request). pvc:// models need "
+        "no cache.",
     )
 
-    __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (no_dot_dot("uri"), no_dot_dot("tokenizer", optional=True))
+    __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (
+        no_dot_dot("uri"),
+        no_dot_dot("tokenizer", optional=True),
+        CrossFieldRule(
+            cel=f"!(has(self.revision) && self.uri.matches('{PINNED_HUB_ID}'))",
+            message="the uri pins a revision (@...): set it there or in revision, not both",
+            field_path=".revision",
+            check=lambda m: not (m.revision is not None and re.match(PINNED_HUB_ID, m.uri) is not None),
+        ),
+    )
 
 
 class DatasetFormat(StrEnum):

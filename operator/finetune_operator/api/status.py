@@ -87,6 +87,11 @@ class PlanStatus(ApiModel):
     replan_reason: Annotated[str, Field(max_length=2048)] | None = None
     trainable_parameters: Annotated[int, Field(ge=0)] | None = None
     """What trains, counted by the planner: the rendered DeepSpeed buckets are sized to it."""
+    model_bytes: Annotated[int, Field(ge=0)] | None = Field(
+        default=None,
+        description="Bytes of the model's files a pod downloads (the hub's listing, the claim's files, or the "
+        "catalogue's parameters × dtype): each pod's model cache claim is sized from it.",
+    )
 
 
 class Progress(ApiModel):

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run_cmd", "run a job's training on this machine (CPU or GPU) with DeepSpeed"),
     "operator": ("operator_cmd", "run the operator (watches FineTuneJobs)"),
     "train": ("train_cmd", "the training entrypoint inside each pod"),
+    "inspect-model": ("inspect_cmd", "read a model's config.json and file sizes (the operator's inspector pod)"),
 }
 
 

@@ -88,6 +88,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="MLflow tracking server (http:// or https:// URL, as trainer pods reach it) for jobs whose "
         "spec.tracking.mlflow names none; default: such jobs are not tracked",
     )
+    parser.add_argument(
+        "--hub-endpoint",
+        default=env("HF_ENDPOINT") or None,
+        help="the hub or mirror public models are read from, and trainer and inspector pods download from "
+        "(env HF_ENDPOINT; default https://huggingface.co)",
+    )
+    parser.add_argument(
+        "--hub-offline",
+        action="store_true",
+        default=env("FTJOB_HUB_OFFLINE", "") == "true" or env("HF_HUB_OFFLINE", "") in ("1", "true", "ON", "YES"),
+        help="never read the hub: hub ids are planned from the catalogue "
+        "(env FTJOB_HUB_OFFLINE=true, HF_HUB_OFFLINE=1)",
+    )
+    parser.add_argument(
+        "--model-cache-storage-class",
+        default=env("FTJOB_MODEL_CACHE_STORAGE_CLASS") or None,
+        help="StorageClass of the per-pod model cache claims (default: the cluster's default class)",
+    )
+    parser.add_argument(
+        "--download-timeout",
+        type=_positive_int,
+        default=env("FTJOB_DOWNLOAD_TIMEOUT_SECONDS", "7200"),
+        help="seconds a trainer pod may spend downloading a hub model (apart from the rendezvous timeout)",
+    )
     parser.add_argument("--pod-monitor", action="store_true", default=env("FTJOB_POD_MONITOR", "") == "true")
     parser.add_argument(
         "--s3-endpoint", default=env("FTJOB_S3_DEFAULT_ENDPOINT") or None, help="default objectStorage.endpoint"
@@ -172,8 +196,9 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     from ..plan.scheduling_policy import SchedulingPolicy
     from ..reconcile import metrics
     from ..reconcile.cluster_io import KubernetesClusterIO
+    from ..reconcile.model_sources import HubSettings
     from ..reconcile.runner import Reconciler
-    from ..render.options import RenderOptions
+    from ..render.options import DEFAULT_HUB_ENDPOINT, RenderOptions
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
@@ -191,13 +216,17 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         default_queue_name=args.default_queue_name,
         default_tracking_uri=args.default_tracking_uri,
         object_storage=object_storage_defaults(args),
+        hub_endpoint=args.hub_endpoint,
+        model_cache_storage_class=args.model_cache_storage_class,
+        download_timeout_seconds=args.download_timeout,
     )
+    hub = HubSettings(endpoint=(args.hub_endpoint or DEFAULT_HUB_ENDPOINT).rstrip("/"), offline=args.hub_offline)
     policy = SchedulingPolicy(
         priority_classes=tuple(args.allowed_priority_class),
         toleration_keys=tuple(args.allowed_toleration_key),
         tolerate_everything=args.allow_tolerate_all,
     )
-    reconciler = Reconciler(KubernetesClusterIO(), options, post_event, policy)
+    reconciler = Reconciler(KubernetesClusterIO(), options, post_event, policy, hub)
     settings = HandlerSettings(interval_seconds=args.interval, max_workers=args.workers, kueue=args.kueue)
     registry = build_registry(reconciler, settings)
     liveness = f"http://{args.metrics_address}:{args.health_port}/healthz"

@@ -29,7 +29,13 @@ REQUIRED: tuple[Permission, ...] = (
     Permission("apps", "statefulsets", ("get", "list", "watch", "create", "patch"), "server-side apply the workers"),
     Permission("", "services", ("get", "create", "patch"), "server-side apply the headless Service"),
     Permission("", "configmaps", ("get", "create", "patch"), "server-side apply hostfile and DeepSpeed config"),
-    Permission("", "pods", ("get", "list", "watch", "delete"), "follow ranks; gang restart by name"),
+    Permission(
+        "",
+        "pods",
+        ("get", "list", "watch", "create", "patch", "delete"),
+        "follow ranks; gang restart by name; the model inspector pod, server-side applied (the operator already "
+        "creates pods of any template through its StatefulSets: this grants nothing more)",
+    ),
     Permission("", "persistentvolumeclaims", ("get",), "check a multi-node job's claims are ReadWriteMany"),
     Permission("", "events", ("create", "list"), "report transitions; read why a pod waits"),
 )

@@ -1,9 +1,11 @@
-"""Where a job's model architecture comes from: the built-in catalogue or a local config.json.
+"""Where a job's model architecture comes from: its own config.json, or the built-in catalogue.
 
-There is no hub access where the operator runs, so common open models ship as data
-(`catalogue/*.json`, copies of their config.json with a `_names` list of hub ids and
-aliases). A local directory holding config.json works as well, which is how
-`model.uri: /abs/path` and `model.architecture: /abs/path` plan.
+The operator reads a hub model's config.json from the hub and a claim's through an inspector pod
+(`reconcile/model_sources.py`), and hands it in as a `ModelSource`. Without one (`ftjob plan`
+offline, a hub the operator cannot reach, `model.architecture` set), common open models ship
+as data (`catalogue/*.json`, copies of their config.json with a `_names` list of hub ids and
+aliases): an offline fallback, not a whitelist. A local directory holding config.json works as
+well, which is how `model.uri: /abs/path` and `model.architecture: /abs/path` plan.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..api.catalogue import CATALOGUE_DIR
+from ..api.model_inspection import ModelInspection
+from ..api.model_uri import hub_model
 from ..api.spec import ModelSpec
 from .errors import ModelConfigNotFoundError, UnknownArchitectureError
 
@@ -26,6 +30,8 @@ class ModelSource:
     name: str
     config: dict[str, Any] = field(hash=False, compare=False)
     origin: str
+    weight_bytes: int | None = field(default=None, compare=False)
+    """Bytes of the files a pod downloads, when read from the files (None: count them from the config)."""
 
     @property
     def model_type(self) -> str:
@@ -108,24 +114,43 @@ def resolve_reference(reference: str, field: str = "model", local_files: bool = 
         return found
     elsewhere = " or to an absolute path with config.json" if local_files else ""
     hint = f"set model.architecture to one of the catalogue names{elsewhere}"
-    unread = {"pvc://": "cannot read pvc:// volumes", "s3://": "does not read object storage"}  # s3: no keys
+    unread = {
+        "pvc://": "this planner cannot read pvc:// volumes (the operator reads them through an inspector pod)",
+        "s3://": "the operator does not read object storage while planning",  # it holds no S3 keys
+    }
     for scheme, why in unread.items():
         if reference.startswith(scheme):
-            hint = f"the operator {why} while planning: set model.architecture to a catalogue name{elsewhere}"
+            hint = f"{why}: set model.architecture to a catalogue name{elsewhere}"
     raise UnknownArchitectureError(
         f"{field}: {reference!r} is not in the planner's catalogue ({', '.join(catalogue_entries())}); {hint}"
     )
 
 
-def resolve_model(model: ModelSpec, local_files: bool = True) -> ModelSource:
-    """The architecture a job plans with: `model.architecture` when set, else `model.uri`.
+def from_inspection(inspection: ModelInspection) -> ModelSource:
+    """The source a successful inspection (hub read or inspector pod) found."""
+    if inspection.config is None:
+        raise ModelConfigNotFoundError(inspection.message or f"{inspection.origin}: no config.json")
+    return ModelSource(
+        name=inspection.origin.removeprefix("hub:"),
+        config=_public_keys(inspection.config),
+        origin=inspection.origin,
+        weight_bytes=inspection.weight_bytes,
+    )
+
+
+def resolve_model(model: ModelSpec, local_files: bool = True, source: ModelSource | None = None) -> ModelSource:
+    """The architecture a job plans with: `source` when the caller read the model's own config.json,
+    else `model.architecture` when set, else `model.uri`.
 
     `local_files=False` is the operator: an absolute `model.uri` is a path inside the trainer
     pods, and reading that path on the operator's own filesystem would plan with whatever
     happens to be there (or probe the operator's files), so it asks for `model.architecture`.
     `ftjob plan` and `ftjob run` read it: the trainer runs on the same machine.
     """
-    reference = model.architecture or model.uri
+    if source is not None:
+        return source
+    hub = hub_model(model.uri)
+    reference = model.architecture or (hub.repo if hub is not None else model.uri)
     field = "spec.model.architecture" if model.architecture else "spec.model.uri"
     if not local_files and reference.removeprefix("file://").startswith("/"):
         raise UnknownArchitectureError(

@@ -19,6 +19,8 @@ from .advice import what_would_fit
 from .candidates import Candidate, Pins, evaluate_all, pick
 from .errors import DoesNotFitError
 from .memory import BREAKDOWN_KEYS, Strategy
+from .model_bytes import check_model_cache, model_bytes
+from .model_source import ModelSource
 from .workload import DEFAULT_FIT_MARGIN, GIB, Workload, workload_from_spec
 
 MAX_REJECTED_IN_STATUS = 16
@@ -80,7 +82,8 @@ class PlanResult:
         if chosen is None:
             raise DoesNotFitError(self.verdict, self.suggestions)
         rejected = rejected_alternatives(self.candidates, chosen)
-        return status_of(chosen, self.gpu_memory_bytes, self.verdict, rejected, self.workload.counts.trainable)
+        status = status_of(chosen, self.gpu_memory_bytes, self.verdict, rejected, self.workload.counts.trainable)
+        return status.model_copy(update={"model_bytes": model_bytes(self.workload)})
 
 
 def status_of(
@@ -234,10 +237,14 @@ def plan_job(
     require_fit: bool = True,
     *,
     local_files: bool = True,
+    source: ModelSource | None = None,
 ) -> PlanResult:
     """Plan a job. Raises `DoesNotFitError` (with what would fit) when nothing fits and
-    `require_fit` is true, `InvalidModelError` for an unknown or unreadable model."""
-    workload = workload_from_spec(spec, local_files)
+    `require_fit` is true, `InvalidModelError` for an unknown or unreadable model, and
+    `UnsupportedSettingError` for a model cache too small for the model's files.
+    `source`: the model's own config.json, when the caller read it (the operator)."""
+    workload = workload_from_spec(spec, local_files, source)
+    check_model_cache(spec, model_bytes(workload))
     memory = gpu_memory_bytes if gpu_memory_bytes is not None else spec.resources.gpu_memory_bytes
     override = traced_activations(spec, workload) if traced else None
     pins = Pins.from_spec(spec)
@@ -249,9 +256,9 @@ def plan_job(
     return result
 
 
-def choose_plan(spec: FineTuneJobSpec, local_files: bool = True) -> PlanStatus:
+def choose_plan(spec: FineTuneJobSpec, local_files: bool = True, source: ModelSource | None = None) -> PlanStatus:
     """The plan the operator (`local_files=False`) and `ftjob run` use: the chosen candidate as `status.plan`."""
-    return plan_job(spec, local_files=local_files).to_status()
+    return plan_job(spec, local_files=local_files, source=source).to_status()
 
 
 def strategy_of(status: PlanStatus) -> Strategy:

@@ -15,6 +15,7 @@ from ..api.spec import FineTuneJobSpec
 from ..api.status import PlanStatus
 from .candidates import Candidate, Pins, evaluate_all
 from .memory import Strategy
+from .model_source import ModelSource
 from .planner import explain, rejected_alternatives, status_of, strategy_of
 from .workload import DEFAULT_FIT_MARGIN, workload_from_spec
 
@@ -57,9 +58,11 @@ def next_frugal_plan(
     current: PlanStatus,
     reason: str = "out of memory",
     margin: float = DEFAULT_FIT_MARGIN,
+    source: ModelSource | None = None,
 ) -> PlanStatus | None:
-    """The next more frugal fitting plan after `current` ran out of memory, or None."""
-    workload = workload_from_spec(spec)
+    """The next more frugal fitting plan after `current` ran out of memory, or None (`source`: the
+    model's own config.json the job was planned with)."""
+    workload = workload_from_spec(spec, source=source)
     budget = int(current.gpu_memory_bytes * margin) or int(spec.resources.gpu_memory_bytes * margin)
     candidates = evaluate_all(workload, Pins.from_spec(spec), budget)
     now = strategy_of(current)
@@ -91,5 +94,6 @@ def next_frugal_plan(
                 rejected_alternatives(explained, chosen),
                 workload.counts.trainable,
             )
-            return status.model_copy(update={"replans": current.replans + 1, "replan_reason": reason[:2048]})
+            replanned = {"replans": current.replans + 1, "replan_reason": reason[:2048]}
+            return status.model_copy(update={**replanned, "model_bytes": current.model_bytes})
     return None

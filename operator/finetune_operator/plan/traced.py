@@ -30,7 +30,8 @@ from torch.utils._pytree import tree_leaves
 from finetune_trainer.chunked_loss import causal_lm_loss, output_head
 
 from .meta_count import apply_lora, build_meta_model
-from .param_count import ALL_LINEAR
+from .param_count import architecture_shape
+from .workload import adapts_fused_experts
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,8 @@ def trace_training_step(
     started = time.perf_counter()
     model: Any = build_meta_model(config, dtype=dtype)
     if lora_r is not None:
-        # peft adapts fused MoE expert weights (all-linear) through ParamWrapper, which rejects dropout.
-        fused_experts = bool(config.get("num_local_experts")) and ALL_LINEAR in target_modules
+        # peft adapts fused MoE expert weights through ParamWrapper, which rejects dropout (the plan's rule).
+        fused_experts = adapts_fused_experts(architecture_shape(config), target_modules)
         dropout = 0.0 if fused_experts else lora_dropout
         model = apply_lora(model, lora_r, target_modules, dropout=dropout)
     if cuda_dropout:

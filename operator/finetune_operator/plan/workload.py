@@ -8,7 +8,7 @@ strategy and never look at the spec again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import wraps
 from typing import TypeVar
@@ -17,8 +17,9 @@ from ..api.base import quantity_bytes
 from ..api.lora_rules import UnsupportedSetting, resolve_lora_dropout
 from ..api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec
 from .errors import InvalidModelError, PlanningError, UnsupportedSettingError
+from .model_files import not_causal
 from .model_source import ModelSource, resolve_model
-from .param_count import ArchitectureShape, ParameterCounts, architecture_shape, count_parameters
+from .param_count import ArchitectureShape, ParameterCounts, architecture_shape, count_parameters, is_adapted
 
 GIB = 2**30
 RUNTIME_OVERHEAD_BYTES = 1 * GIB
@@ -146,11 +147,18 @@ def _buffers(spec: FineTuneJobSpec) -> DeepSpeedBuffers:
     )
 
 
+def adapts_fused_experts(shape: ArchitectureShape, target_modules: Sequence[str]) -> bool:
+    """Whether LoRA on these targets adapts fused expert weights, which peft wraps as parameters
+    (its ParamWrapper, without dropout): only where peft re-targets the family's experts
+    (Mixtral- and Qwen-MoE-style), never gpt-oss's, and never a vision tower's convolution."""
+    return any(g.kind == "experts" and is_adapted(g, target_modules) for g in shape.groups)
+
+
 def _lora_dropout(spec: FineTuneJobSpec, shape: ArchitectureShape, model: str) -> float:
     if str(spec.method.type) == "full":
         return 0.0
     lora = spec.method.lora_or_default
-    fused = shape.num_experts > 1 and list(lora.target_modules) == ["all-linear"]
+    fused = adapts_fused_experts(shape, lora.target_modules)
     where = f"{model}'s {shape.num_experts} experts' fused weights"
     try:
         return resolve_lora_dropout(lora.dropout, where if fused else None)
@@ -158,10 +166,16 @@ def _lora_dropout(spec: FineTuneJobSpec, shape: ArchitectureShape, model: str) -
         raise UnsupportedSettingError(str(exc)) from None
 
 
-def workload_from_spec(spec: FineTuneJobSpec, local_files: bool = True) -> Workload:
+def workload_from_spec(
+    spec: FineTuneJobSpec, local_files: bool = True, source: ModelSource | None = None
+) -> Workload:
     """Resolve the model, count its parameters under the job's method and collect the rest
-    (`local_files=False`: never read an absolute model path, see `resolve_model`)."""
-    source = resolve_model(spec.model, local_files)
+    (`local_files=False`: never read an absolute model path, see `resolve_model`; `source`: the
+    model's own config.json, read by the caller)."""
+    source = resolve_model(spec.model, local_files, source)
+    why = not_causal(source.config)
+    if why is not None:
+        raise InvalidModelError(f"{source.origin}: {why}")
     try:
         shape = architecture_shape(source.config)
     except PlanningError:

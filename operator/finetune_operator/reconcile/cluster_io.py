@@ -76,6 +76,9 @@ class ClusterIO(Protocol):
     def claim_access_modes(self, namespace: str, claim: str) -> tuple[str, ...] | None:
         """A PersistentVolumeClaim's access modes; None if there is no such claim."""
 
+    def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ConfigMap as stored (the job's model record); None if there is none."""
+
     def pod_warning(self, namespace: str, pod_uid: str) -> str | None:
         """The newest Warning Event about a pod (`Reason: message`), if any."""
 
@@ -139,6 +142,8 @@ class KubernetesClusterIO:
                 response = self.core.read_namespaced_service(name, namespace, **kwargs)
             elif kind == "StatefulSet":
                 response = self.apps.read_namespaced_stateful_set(name, namespace, **kwargs)
+            elif kind == "Pod":
+                response = self.core.read_namespaced_pod(name, namespace, **kwargs)
             else:
                 group, version = obj["apiVersion"].split("/")
                 plural = kind.lower() + "s"
@@ -168,6 +173,8 @@ class KubernetesClusterIO:
             response = self.core.patch_namespaced_service(name, namespace, obj, **kwargs)
         elif kind == "StatefulSet":
             response = self.apps.patch_namespaced_stateful_set(name, namespace, obj, **kwargs)
+        elif kind == "Pod":
+            response = self.core.patch_namespaced_pod(name, namespace, obj, **kwargs)
         else:
             group, version = obj["apiVersion"].split("/")
             plural = kind.lower() + "s"
@@ -227,6 +234,20 @@ class KubernetesClusterIO:
         body = json.loads(response.data or b"{}")
         _release(response)
         return str((body.get("metadata") or {}).get("resourceVersion", ""))
+
+    def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ConfigMap as JSON (the job's model record), None if it does not exist."""
+        try:
+            response = self.core.read_namespaced_config_map(
+                name, namespace, _preload_content=False, _request_timeout=TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        body: dict[str, Any] = json.loads(getattr(response, "data", b"{}") or b"{}")
+        _release(response)
+        return body
 
     def claim_access_modes(self, namespace: str, claim: str) -> tuple[str, ...] | None:
         """A claim's access modes: its bound volume's (status), else the requested ones; None if absent."""

@@ -35,13 +35,24 @@ from .policies.context import (
     Event,
     PlanFailed,
     Planner,
+    PlanPending,
     Replanner,
     StatusBuilder,
     describe_plan,
 )
 from .tracking import TrackingReport
 
-__all__ = ["POLICIES", "Decision", "Event", "PlanFailed", "Planner", "Replanner", "decide", "describe_plan"]
+__all__ = [
+    "POLICIES",
+    "Decision",
+    "Event",
+    "PlanFailed",
+    "PlanPending",
+    "Planner",
+    "Replanner",
+    "decide",
+    "describe_plan",
+]
 
 Policy = Callable[[Context], Decision | None]
 

@@ -18,6 +18,8 @@ from typing import Any
 
 from ..api.job import KIND
 from ..render.identity import CONFIG_HASH_ANNOTATION, POD_INDEX_LABEL
+from ..render.model_inspector import REQUEST_ANNOTATION as MODEL_REQUEST_ANNOTATION
+from ..render.model_inspector import inspector_pod_name
 from ..render.workload import SPEC_HASH_ANNOTATION as WORKLOAD_HASH_ANNOTATION
 
 
@@ -51,6 +53,10 @@ class PodView:
     filled in by the reconciler: Events are not part of the pod."""
     owner_uid: str | None = None
     """The uid of the StatefulSet that controls this pod (its controller ownerReference), if any."""
+    job_uid: str | None = None
+    """The uid of the FineTuneJob that controls this pod directly (the model inspector), if any."""
+    model_request: str | None = None
+    """What a model inspector pod reads (its request annotation), to tell a stale one."""
 
     @property
     def failure(self) -> Termination | None:
@@ -128,6 +134,8 @@ class Observed:
     workers: WorkersView | None
     pods: tuple[PodView, ...] = ()
     workload: WorkloadView | None = None
+    inspector: PodView | None = None
+    """The job's model inspector pod (`render/model_inspector.py`), while it exists."""
 
     @property
     def live_pods(self) -> tuple[PodView, ...]:
@@ -229,6 +237,8 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         last_terminated=_termination(_get(trainer, "lastState", "terminated")),
         waiting=_waiting(body),
         owner_uid=controller_uid(body, "StatefulSet"),
+        job_uid=controller_uid(body, KIND),
+        model_request=_get(body, "metadata", "annotations", MODEL_REQUEST_ANNOTATION),
     )
 
 
@@ -289,10 +299,16 @@ def owned(
     """What the job controls among the labelled children the watches saw: its StatefulSet
     (named after the job and controlled by `job_uid`) and that StatefulSet's pods (controlled by its uid). A labelled
     object that is not owned is ignored for success, failure and restarts, and never deleted."""
+    pods = tuple(pods)
     statefulset = next((w for w in workers if job_uid and w.owner_uid == job_uid and w.name == job_name), None)
     workload = next((w for w in workloads if job_uid and w.owner_uid == job_uid and w.name == job_name), None)
+    name = inspector_pod_name(job_name)
+    inspector = next((p for p in pods if job_uid and p.job_uid == job_uid and p.name == name), None)
     if statefulset is None or not statefulset.uid:
-        return Observed(workers=statefulset, pods=(), workload=workload)
+        return Observed(workers=statefulset, pods=(), workload=workload, inspector=inspector)
     return Observed(
-        workers=statefulset, pods=tuple(p for p in pods if p.owner_uid == statefulset.uid), workload=workload
+        workers=statefulset,
+        pods=tuple(p for p in pods if p.owner_uid == statefulset.uid),
+        workload=workload,
+        inspector=inspector,
     )

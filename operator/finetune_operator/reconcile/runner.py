@@ -25,6 +25,7 @@ from ..api.spec import FineTuneJobSpec
 from ..api.status import FineTuneJobStatus, PlanStatus
 from ..plan import choose_plan, next_frugal_plan
 from ..plan.errors import PlanningError
+from ..plan.model_source import ModelSource
 from ..plan.scheduling_policy import SchedulingPolicy
 from ..plan.storage import check_shared_storage, written_claims
 from ..render.manifests import gang_hash, render_all
@@ -34,6 +35,7 @@ from . import metrics
 from . import reasons as R
 from .cluster_io import ChildWriteError, ClusterIO, Conflict, status_patch
 from .lifecycle import Decision, Event, PlanFailed, decide
+from .model_sources import HubSettings, ModelSources
 from .observed import Observed
 from .policies.child_write import after_write_error
 from .policies.context import parse_timestamp, timestamp
@@ -55,14 +57,16 @@ def plan_or_fail(
     spec: FineTuneJobSpec,
     access_modes: Callable[[str], tuple[str, ...] | None] | None = None,
     policy: SchedulingPolicy = SchedulingPolicy(),  # noqa: B008 (frozen, so one shared default is safe)
+    source: Callable[[], ModelSource | None] = lambda: None,
 ) -> PlanStatus:
-    """The plan, or PlanFailed; `access_modes` reads a claim's access modes (multi-node jobs),
-    `policy` is what this installation lets a job ask of the scheduler."""
+    """The plan, or PlanFailed (or PlanPending while `source` reads the model's config.json);
+    `access_modes` reads a claim's access modes (multi-node jobs), `policy` is what this
+    installation lets a job ask of the scheduler."""
     try:
         policy.check(spec)
         if access_modes is not None and spec.resources.num_nodes > 1:
             check_shared_storage(spec, {claim: access_modes(claim) for claim in written_claims(spec)})
-        return choose_plan(spec, local_files=False)
+        return choose_plan(spec, local_files=False, source=source())
     except PlanningError as exc:
         raise PlanFailed(exc.condition_reason, str(exc)) from exc
 
@@ -93,11 +97,14 @@ class Reconciler:
         options: RenderOptions,
         sink: EventSink,
         policy: SchedulingPolicy = SchedulingPolicy(),  # noqa: B008 (frozen)
+        hub: HubSettings = HubSettings(offline=True),  # noqa: B008 (frozen)
     ) -> None:
+        """`hub`: where public hub models are read (`ftjob operator` passes its flags; offline by default)."""
         self.cluster = cluster
         self.options = options
         self.policy = policy
         self.sink = sink
+        self.sources = ModelSources(options, hub, read_config_map=cluster.read_config_map)
         self.census = metrics.JobCensus()
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
@@ -130,6 +137,7 @@ class Reconciler:
         self._scraped_at.pop(uid, None)
         self._hashes.pop(uid, None)
         self._written.pop(uid, None)
+        self.sources.forget(uid)
         self.census.record(uid, "", None)
 
     def reconcile(self, body: Mapping[str, Any], observed: Observed, apply_all: bool = False) -> Outcome:
@@ -157,6 +165,7 @@ class Reconciler:
         decision, job = self._decide(body, observed)
         if job is None:
             return self._write_invalid(body, namespace, name, decision)
+        self._settle_model(job)
         effects = self._has_effects(body, job, observed, decision) or apply_all
         if not effects:
             self.census.record(job.metadata.uid or "", namespace, decision.status.state)
@@ -174,6 +183,7 @@ class Reconciler:
             decision, job = self._decide(fresh, observed)
             if job is None:
                 return self._write_invalid(fresh, namespace, name, decision)
+            self._settle_model(job)
         applied = early_events = False
         if _scales_to_zero(observed, decision) and (fresh.get("status") or {}) != decision.status.to_wire():
             # The verdict first: a finished gang's exit codes live only in its pods, which the
@@ -210,6 +220,28 @@ class Reconciler:
                 self.sink(fresh, event)
         self.census.record(job.metadata.uid or "", namespace, decision.status.state)
         return Outcome(decision, wrote, applied, decision.requeue_after)
+
+    def _settle_model(self, job: FineTuneJob) -> None:
+        """What reading the model asked for: create the inspector pod, keep what was read in the job's
+        `<job>-model` ConfigMap, delete an inspector pod that answered."""
+        uid = job.metadata.uid or ""
+        apply, delete = self.sources.take_effects(uid)
+        if apply:
+            try:
+                self.cluster.apply(apply, uid)
+            except ChildWriteError as exc:
+                log.warning("job %s/%s: %s", job.namespace, job.name, exc)
+                self.sources.write_failed(uid, str(exc))
+        if delete:
+            self.cluster.delete_pods(job.namespace, delete)
+
+    def _replan(self, job: FineTuneJob, spec: FineTuneJobSpec, plan: PlanStatus) -> PlanStatus | None:
+        """The next more frugal plan, with the config.json the job was planned with."""
+        try:
+            return next_frugal_plan(spec, plan, source=self.sources.known(job))
+        except PlanningError as exc:  # the model record is gone and the spec alone cannot be planned
+            log.warning("job %s/%s: cannot re-plan: %s", job.namespace, job.name, exc)
+            return None
 
     def _write_workload(self, job: FineTuneJob, observed: Observed, decision: Decision) -> Decision:
         """Kueue's side of a queued job: create its Workload, give back an evicted one's quota,
@@ -276,9 +308,12 @@ class Reconciler:
             observed,
             now,
             planner=lambda spec: plan_or_fail(
-                spec, lambda claim: self.cluster.claim_access_modes(namespace, claim), self.policy
+                spec,
+                lambda claim: self.cluster.claim_access_modes(namespace, claim),
+                self.policy,
+                lambda: self.sources.source(job, observed.inspector),
             ),
-            replanner=next_frugal_plan,
+            replanner=lambda spec, plan: self._replan(job, spec, plan),
             desired_config_hash=lambda plan: self._desired_hash(job, plan),
             progress=progress,
             default_queue=self.options.default_queue_name,

@@ -102,6 +102,7 @@ def render_all(
         gang if gang is not None else gang_hash(job, plan, options),
         plan.host_bytes_per_node,
         scratch_bytes=scratch_bytes(job.spec, plan),
+        model_bytes=plan.model_bytes,
     )
     if placement:
         pod_spec = workers["spec"]["template"]["spec"]

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from ..api.object_storage import ObjectStorageSpec
 
 DEFAULT_TRAINER_IMAGE = "ghcr.io/finetune-operator/trainer:0.1.0"
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
+DOWNLOAD_TIMEOUT_ENV = "FTJOB_DOWNLOAD_TIMEOUT_SECONDS"
+DEFAULT_DOWNLOAD_TIMEOUT_SECONDS = 7200
+"""A pod's whole model download (141 GB at ~20 MB/s); the ranks' own rendezvous timeout starts after it."""
 
 
 @dataclass(frozen=True)
@@ -27,3 +31,8 @@ class RenderOptions:
     object_storage: ObjectStorageSpec = field(default_factory=ObjectStorageSpec)
     """Connection defaults for jobs' s3:// URIs (endpoint, region, pathStyle, caBundle); a job's
     `spec.objectStorage` overrides them field by field."""
+    hub_endpoint: str | None = None
+    """The hub or mirror trainer pods and inspector pods download from (HF_ENDPOINT); None: the library's default."""
+    model_cache_storage_class: str | None = None
+    """StorageClass of the per-pod model cache claims (None: the cluster's default class)."""
+    download_timeout_seconds: int = DEFAULT_DOWNLOAD_TIMEOUT_SECONDS

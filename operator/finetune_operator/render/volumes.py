@@ -2,8 +2,10 @@
 
 Every `pvc://claim/...` URI (model, dataset, output) mounts its claim at
 `/mnt/pvc/<claim>`, the layout `finetune_trainer.paths` resolves against; the output
-claim is writable, the others read-only. The operator never creates or deletes a claim:
-output data outlives the job.
+claim is writable, the others read-only. The operator never creates or deletes those claims:
+output data outlives the job. A hub model's download cache is the exception: each pod gets a
+claim of its own from the StatefulSet's volumeClaimTemplates, deleted with the StatefulSet.
+Without a hub model, s3:// inputs are mirrored into an emptyDir at the same place.
 """
 
 from __future__ import annotations
@@ -13,12 +15,19 @@ import re
 from typing import Any
 
 from ..api.job import FineTuneJob
-from ..api.spec import DEFAULT_MODEL_CACHE_SIZE
+from ..api.model_cache import default_size
+from ..api.model_uri import is_hub_uri
+from .identity import labels
 
 PVC_ROOT = "/mnt/pvc"
 SHM_SIZE = "8Gi"
 MODEL_CACHE_DIR = "/var/cache/ftjob"
 """Where a hub model is downloaded (HF_HOME below it), once per pod before the ranks start."""
+MODEL_CACHE_VOLUME = "model-cache"
+FALLBACK_CACHE_SIZE = "100Gi"
+"""A cache claim's size when the plan has no model bytes (a plan made by an older operator)."""
+DEFAULT_MIRROR_SIZE = "100Gi"
+"""The emptyDir (and ephemeral-storage request) that mirrors s3:// inputs when `model.cache.size` is unset."""
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -59,33 +68,66 @@ def local_path(uri: str) -> str | None:
 
 
 def is_hub_model(uri: str) -> bool:
-    """A hub id (`org/name`, `hf://org/name`): downloaded at run time, so it needs the cache."""
-    return not uri.startswith(("pvc://", "file://", "/", "builtin://", "s3://"))
+    """A hub id (`org/name`, `hf://org/name`, with or without `@revision`): downloaded at run time, into the cache."""
+    return is_hub_uri(uri)
 
 
 def needs_model_cache(job: FineTuneJob) -> bool:
-    """A hub model, or s3:// inputs (model, tokenizer, data), are copied into the cache once per pod."""
+    """A hub model is downloaded, and s3:// inputs (model, tokenizer, data) mirrored, into the cache once per pod."""
     return is_hub_model(job.spec.model.uri) or any(field != "spec.output.uri" for field in job.spec.s3_uris)
 
 
+def shared_cache_claim(job: FineTuneJob) -> str | None:
+    """The one claim every pod downloads into (`model.cache.claimName`), if the job names one and has a cache."""
+    cache = job.spec.model.cache
+    return cache.claim_name if needs_model_cache(job) and cache is not None else None
+
+
 def model_cache_size(job: FineTuneJob) -> str | None:
-    """The emptyDir size (and ephemeral-storage request) of the model cache; None without one."""
-    if not needs_model_cache(job):
+    """The emptyDir size (and ephemeral-storage request) of an s3:// mirror without a hub model; None otherwise.
+
+    A hub model's cache is a claim (`model_cache_template` or the shared one), not ephemeral storage.
+    """
+    if is_hub_model(job.spec.model.uri) or not needs_model_cache(job) or shared_cache_claim(job) is not None:
         return None
     cache = job.spec.model.cache
-    if cache is not None and cache.claim_name is not None:
+    return str(cache.size) if cache is not None and cache.size is not None else DEFAULT_MIRROR_SIZE
+
+
+def model_cache_template(job: FineTuneJob, model_bytes: int | None, storage_class: str | None) -> dict[str, Any] | None:
+    """The per-pod cache claim of a hub model (a StatefulSet volumeClaimTemplate), None without one.
+
+    Each ordinal gets its own ReadWriteOnce claim and gets it back after a gang restart (the pods
+    are deleted, the claims are not), so a restarted gang downloads nothing it already has. Sized
+    from the model's files (`status.plan.modelBytes`) unless `model.cache.size` is set.
+    """
+    if not is_hub_model(job.spec.model.uri) or shared_cache_claim(job) is not None:
         return None
-    size = cache.size if cache is not None and cache.size is not None else DEFAULT_MODEL_CACHE_SIZE
-    return str(size)
+    cache = job.spec.model.cache
+    if cache is not None and cache.size is not None:
+        size = str(cache.size)
+    else:
+        size = default_size(model_bytes) if model_bytes else FALLBACK_CACHE_SIZE
+    spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}
+    storage_class = (cache.storage_class_name if cache is not None else None) or storage_class
+    if storage_class:
+        spec["storageClassName"] = storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": MODEL_CACHE_VOLUME, "labels": labels(job, "model-cache")},
+        "spec": spec,
+    }
 
 
 def _model_cache_volume(job: FineTuneJob) -> dict[str, Any] | None:
-    if not needs_model_cache(job):
-        return None
-    cache = job.spec.model.cache
-    if cache is not None and cache.claim_name is not None:
-        return {"name": "model-cache", "persistentVolumeClaim": {"claimName": cache.claim_name}}
-    return {"name": "model-cache", "emptyDir": {"sizeLimit": model_cache_size(job)}}
+    """The pod volume of the cache: the shared claim, or the s3:// mirror's emptyDir (a hub model's
+    per-pod claim comes from the StatefulSet's volumeClaimTemplates instead)."""
+    shared = shared_cache_claim(job)
+    if shared is not None:
+        return {"name": MODEL_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": shared}}
+    size = model_cache_size(job)
+    return {"name": MODEL_CACHE_VOLUME, "emptyDir": {"sizeLimit": size}} if size is not None else None
 
 
 def claims(job: FineTuneJob) -> dict[str, bool]:
@@ -128,6 +170,6 @@ def volume_mounts(job: FineTuneJob, config_dir: str) -> list[dict[str, Any]]:
         result.append({"name": claim_volume_name(claim), "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": read_only})
     if job.spec.deepspeed.nvme_path:
         result.append({"name": "nvme", "mountPath": job.spec.deepspeed.nvme_path})
-    if needs_model_cache(job):
-        result.append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR})
+    if needs_model_cache(job):  # the shared claim, the pod's own from volumeClaimTemplates, or the s3:// mirror
+        result.append({"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_DIR})
     return result

@@ -26,10 +26,18 @@ from .identity import (
     service_name,
     workers_name,
 )
-from .options import RenderOptions
+from .options import DOWNLOAD_TIMEOUT_ENV, RenderOptions
 from .placement import affinity, apply_overlay, node_selector, tolerations
 from .tracking import tracking_env
-from .volumes import MODEL_CACHE_DIR, is_hub_model, local_path, model_cache_size, volume_mounts, volumes
+from .volumes import (
+    MODEL_CACHE_DIR,
+    is_hub_model,
+    local_path,
+    model_cache_size,
+    model_cache_template,
+    volume_mounts,
+    volumes,
+)
 
 DEFAULT_ENV = {
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
@@ -78,6 +86,9 @@ def _env(job: FineTuneJob, options: RenderOptions) -> list[dict[str, Any]]:
     if is_hub_model(spec.model.uri):  # downloaded once per pod into the cache, before the ranks start
         defaults["HF_HOME"] = f"{MODEL_CACHE_DIR}/hf"
         env.append({"name": "FTJOB_PREFETCH_MODEL", "value": "1"})
+        defaults[DOWNLOAD_TIMEOUT_ENV] = str(options.download_timeout_seconds)
+    if options.hub_endpoint:  # a mirror: the trainer's hub library reads it (a user's env may override)
+        defaults["HF_ENDPOINT"] = options.hub_endpoint
     if spec.resources.cpu is not None:  # torch would start one thread per host core in every rank
         threads = int(parse_quantity(spec.resources.cpu)) // spec.resources.ranks_per_node
         defaults["OMP_NUM_THREADS"] = str(max(1, threads))
@@ -155,11 +166,13 @@ def statefulset(
     host_bytes: int = 0,
     *,
     scratch_bytes: int = 0,
+    model_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The workers; `replicas` is numNodes while running, 0 when suspended or finished.
 
     `host_bytes` is the plan's host memory per node (`status.plan.hostBytesPerNode`);
-    `scratch_bytes` the local staging of an s3:// output (`plan.scratch.scratch_bytes`).
+    `scratch_bytes` the local staging of an s3:// output (`plan.scratch.scratch_bytes`); `model_bytes`
+    the model's files (`status.plan.modelBytes`), which size each pod's cache claim.
     """
     spec = job.spec
     restricted = {
@@ -214,16 +227,22 @@ def statefulset(
         "annotations": {CONFIG_HASH_ANNOTATION: config_hash},
     }
     apply_overlay(job, pod_metadata, pod_spec)
+    workers: dict[str, Any] = {
+        "serviceName": service_name(job),
+        "replicas": replicas,
+        "podManagementPolicy": "Parallel",
+        "updateStrategy": {"type": "OnDelete"},
+        "selector": {"matchLabels": selector_labels(job)},
+        "template": {"metadata": pod_metadata, "spec": pod_spec},
+    }
+    cache = model_cache_template(job, model_bytes, options.model_cache_storage_class)
+    if cache is not None:
+        # Kept while the gang restarts or scales to 0 (suspended, preempted, finished); deleted with the job.
+        workers["volumeClaimTemplates"] = [cache]
+        workers["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": "Delete", "whenScaled": "Retain"}
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
         "metadata": metadata(job, workers_name(job), "workers"),
-        "spec": {
-            "serviceName": service_name(job),
-            "replicas": replicas,
-            "podManagementPolicy": "Parallel",
-            "updateStrategy": {"type": "OnDelete"},
-            "selector": {"matchLabels": selector_labels(job)},
-            "template": {"metadata": pod_metadata, "spec": pod_spec},
-        },
+        "spec": workers,
     }

@@ -4,8 +4,9 @@ Why: an operator tested against mocks passes and then fails on a real cluster (a
 not structural, a CEL rule that does not compile, a missing RBAC verb, Pod Security rejecting
 the pod). This starts the real binaries (built from Go modules by
 `tools/build-kube-binaries.sh`) as plain processes, like controller-runtime's envtest, plus the
-controller-manager, the scheduler, kwok-simulated GPU nodes and optional process nodes that
-really run pods (`process_node.py`).
+controller-manager, the scheduler, kwok-simulated GPU nodes, optional process nodes that
+really run pods (`process_node.py`), and a default StorageClass whose claims a local-path
+provisioner binds (`local_provisioner.py`).
 
 Design notes:
 - Every listener is on 127.0.0.1 with a free port, so parallel clusters do not collide. Fake
@@ -74,7 +75,9 @@ KWOK_STAGE_FILES = [
     "pod/fast/pod-delete.yaml",
 ]
 STOP_TIMEOUT_S = 10.0
-SUPERVISED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kueue")
+SUPERVISED = (
+    "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kueue", "local-provisioner"
+)  # fmt: skip
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
 """Waits before each further restart of one component (the kubelet's back-off, shortened)."""
 
@@ -391,6 +394,7 @@ class LocalCluster:
                 ]
                 self._start(name, argv + (["--taint"] if self.taint_process_nodes else []))
             self._wait("nodes Ready", lambda: self._nodes_ready(kube, kwok_names + process_names), None)
+            self._start_provisioner(kube)
             if self.kueue:
                 self._start_kueue(bins, kube)
         finally:
@@ -437,6 +441,22 @@ class LocalCluster:
                 f"--cidr={KWOK_POD_CIDR}",
                 "--node-ip=127.0.0.1",
                 "--node-lease-duration-seconds=40",
+            ],
+        )
+
+    def _start_provisioner(self, kube: Kube) -> None:
+        """The default StorageClass and its provisioner (`local_provisioner.py`): claims get volumes."""
+        from finetune_localcluster.local_provisioner import apply_storage_class
+
+        apply_storage_class(kube)
+        self._start(
+            "local-provisioner",
+            [
+                sys.executable,
+                "-m",
+                "finetune_localcluster.local_provisioner",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--pvc-root={self.workdir / 'pvc'}",
             ],
         )
 

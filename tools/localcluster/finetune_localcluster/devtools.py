@@ -62,6 +62,8 @@ class OperatorProcess:
     kubeconfig: Path
     log_path: Path
     extra_args: tuple[str, ...] = ()
+    unset_env: tuple[str, ...] = ()
+    """Environment variables of the test run the operator must not inherit (e.g. HF_HUB_OFFLINE)."""
     proc: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
     master_port: int = 0
@@ -85,7 +87,8 @@ class OperatorProcess:
             *self.extra_args,
         ]  # fmt: skip
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        env = {k: v for k, v in os.environ.items() if k not in self.unset_env}
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         wait_for(lambda: self._healthy(health), 60, "the operator's liveness endpoint")
 

@@ -31,6 +31,17 @@ class PlanFailed(Exception):
         self.reason = reason
 
 
+class PlanPending(Exception):
+    """Raised by a Planner adapter while the model's config.json is being read (an inspector pod
+    runs, the hub did not answer): the job waits `Planned=False/<reason>` and is passed again
+    after `retry_after` seconds."""
+
+    def __init__(self, reason: str, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
 @dataclass(frozen=True)
 class Event:
     type: str  # Normal | Warning

@@ -1,12 +1,14 @@
 """The plan in force: planned once per generation of the spec. A re-plan after an out-of-memory
 error survives a spec edit's new plan in its counters; a spec the planner refuses fails the
-job (InvalidSpec, DoesNotFit) before any GPU is taken."""
+job (InvalidSpec, DoesNotFit, or why the model could not be read) before any GPU is taken. While
+the model's config.json is being read (an inspector pod, a hub that did not answer) the job
+waits `Planned=False` with the reason, and nothing else is decided."""
 
 from __future__ import annotations
 
 from ...api.status import ConditionType
 from .. import reasons as R
-from .context import Context, Decision, PlanFailed, describe_plan
+from .context import Context, Decision, PlanFailed, PlanPending, describe_plan
 
 
 def decide(ctx: Context) -> Decision | None:
@@ -15,6 +17,9 @@ def decide(ctx: Context) -> Decision | None:
     if plan is None or b.status.observed_generation != ctx.job.metadata.generation:
         try:
             fresh = ctx.planner(ctx.job.spec)
+        except PlanPending as exc:
+            b.cond(ConditionType.PLANNED, False, exc.reason, str(exc))
+            return Decision(b.status, replicas=0, plan=None, requeue_after=exc.retry_after)
         except PlanFailed as exc:
             b.cond(ConditionType.PLANNED, False, exc.reason, str(exc))
             b.fail(exc.reason, str(exc))
