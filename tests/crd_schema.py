@@ -14,6 +14,7 @@ from typing import Any
 
 import celpy
 import jsonschema  # type: ignore[import-untyped]
+from celpy.adapter import json_to_cel
 
 from finetune_operator.api.crdgen import build_crd
 
@@ -86,7 +87,7 @@ def cel_failures(doc: Any, schema: dict[str, Any], path: str = "") -> list[str]:
     for rule in schema.get("x-kubernetes-validations", []):
         if "oldSelf" in rule["rule"]:
             continue
-        result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(doc)})  # type: ignore[attr-defined]
+        result = _program(rule["rule"]).evaluate({"self": json_to_cel(doc)})
         if isinstance(result, Exception) or not bool(result):
             failures.append(f"{path}{rule.get('fieldPath', '')}: {rule['message']}")
     if isinstance(doc, dict):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """`item.rep_setup` / `rep_call`: lets a fixture describe the cluster after its test failed."""
     report: pytest.TestReport = yield
     setattr(item, f"rep_{report.when}", report)
@@ -98,7 +100,7 @@ def kube(kubeconfig: Path) -> Iterator[Kube]:
 
 @pytest.fixture(scope="session")
 def k8s_client(kubeconfig: Path) -> Iterator[kubernetes.client.ApiClient]:
-    client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
     yield client
     client.close()
 

@@ -51,11 +51,11 @@ def namespaces(kube: Kube, prefix: str) -> Iterator[Callable[..., str]]:
                 kube.delete(f"/api/v1/namespaces/{name}")
                 kube.delete(f"/api/v1/namespaces/{name}/pods")
         for name in created:
-            wait_for(
-                lambda n=name: not kube.items(f"/api/v1/namespaces/{n}/pods"),  # type: ignore[misc]
-                POD_DELETE_WAIT_S,
-                f"pods of namespace {name} to be deleted",
-            )
+
+            def pods_gone(n: str = name) -> bool:
+                return not kube.items(f"/api/v1/namespaces/{n}/pods")
+
+            wait_for(pods_gone, POD_DELETE_WAIT_S, f"pods of namespace {name} to be deleted")
 
 
 class Jobs:

@@ -110,7 +110,7 @@ def test_a_tracking_server_outage_is_a_warning_and_the_run_gets_every_step(
     try:
         env = {"FTJOB_TRACKING_FLUSH_SECONDS": "300"}  # a job that ends during the outage waits for the server
         kubectl(kubeconfig, "apply", "-f", "-", stdin=tracked_job(tiny.ns, server.url, max_steps, 2, env))
-        tiny.wait(lambda s: ((s.get("result") or {}).get("tracking") or {}).get("runId") and
+        tiny.wait(lambda s: bool(((s.get("result") or {}).get("tracking") or {}).get("runId")) and
                   (s.get("progress") or {}).get("step", 0) >= 4, "the run and a few steps", name="tiny-cpu",
                   timeout=600)  # fmt: skip
         server.stop()

@@ -76,10 +76,10 @@ def operator(cluster: LocalCluster, kube: Kube, tmp_path_factory: pytest.TempPat
     process.start()
     yield process
     process.stop()
-    log = process.log_tail(5000)
+    tail = process.log_tail(5000)
     # an RBAC denial reads '... is forbidden: User "system:serviceaccount:..." cannot ...' (a namespace
     # being deleted also answers "forbidden", without a user): the chart's Role must cover every call
-    assert "forbidden: user" not in log.lower(), log
+    assert "forbidden: user" not in tail.lower(), tail
 
 
 @pytest.fixture
@@ -95,9 +95,9 @@ def queue(
     kube: Kube, namespace: str, gpus: int, preemption: bool = False, flavor: str = "a100", memory: str = "100Ti"
 ) -> None:
     """A ClusterQueue with `gpus` GPUs and `memory` of `flavor` (CPU, disk plenty) and its LocalQueue `team`."""
-    plenty = {"cpu": "1000", "memory": memory, "ephemeral-storage": "100Ti"}
-    resources = [{"name": "nvidia.com/gpu", "nominalQuota": gpus}, *({"name": k, "nominalQuota": v}
-                 for k, v in plenty.items())]  # fmt: skip
+    plenty: dict[str, str | int] = {"cpu": "1000", "memory": memory, "ephemeral-storage": "100Ti"}
+    resources: list[dict[str, str | int]] = [{"name": "nvidia.com/gpu", "nominalQuota": gpus},
+                                             *({"name": k, "nominalQuota": v} for k, v in plenty.items())]  # fmt: skip
     kube.create(
         f"{KUEUE}/clusterqueues",
         {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": namespace},

@@ -45,7 +45,8 @@ def test_multi_node_job_on_read_write_once_claim_is_refused(
     failed = conditions(status)["Failed"]
     assert failed["status"] == "True" and failed["reason"] == "InvalidSpec", failed
     assert "'ckpt-rwo'" in failed["message"] and "ReadWriteMany" in failed["message"], failed
-    assert jobs.statefulset("rwo") is None or jobs.statefulset("rwo")["spec"]["replicas"] == 0
+    statefulset = jobs.statefulset("rwo")
+    assert statefulset is None or statefulset["spec"]["replicas"] == 0
 
 
 def test_multi_node_job_on_read_write_many_claim_is_planned(

@@ -59,15 +59,14 @@ def test_every_admitted_document_reaches_a_verdict_and_the_operator_survives(
             for what, doc in batch:
                 name = doc["metadata"]["name"]
                 left = max(1.0, VERDICT_S - (time.monotonic() - created))
+
+                def verdict(n: str = name) -> Any:
+                    return (robust_kube.get(f"{path}/{n}").get("status") or {}).get("conditions") and robust_kube.get(
+                        f"{path}/{n}"
+                    )["status"]
+
                 try:
-                    status = wait_for(
-                        lambda n=name: (
-                            (robust_kube.get(f"{path}/{n}").get("status") or {}).get("conditions")
-                            and robust_kube.get(f"{path}/{n}")["status"]
-                        ),
-                        left,
-                        f"a verdict on {name}",
-                    )
+                    status = wait_for(verdict, left, f"a verdict on {name}")
                 except TimeoutError:
                     slow.append(f"{name} ({what})")
                     continue

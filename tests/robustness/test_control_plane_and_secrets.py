@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,7 @@ from finetune_localcluster import Kube, LocalCluster, wait_for
 from finetune_localcluster.devtools import OperatorProcess
 from tests.cluster.operator_harness import Jobs
 
-SPEC = {"model": {"uri": "builtin://tiny-llama"}, "dataset": {"uri": "/data/train.jsonl"},
+SPEC: dict[str, Any] = {"model": {"uri": "builtin://tiny-llama"}, "dataset": {"uri": "/data/train.jsonl"},
         "output": {"uri": "/output/job"}, "training": {"maxSteps": 10},
         "resources": {"numNodes": 2, "gpusPerNode": 1, "gpuMemory": "80Gi"}}  # fmt: skip
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -19,19 +19,23 @@ from finetune_trainer.settings import ConfigError
 
 from .conftest import write_jsonl
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(60)]
 
 
 @pytest.fixture(scope="module")
-def tok():  # type: ignore[no-untyped-def]
-    return builtin.build_tokenizer(512)
+def tok() -> PreTrainedTokenizerFast:
+    tokenizer: PreTrainedTokenizerFast = builtin.build_tokenizer(512)
+    return tokenizer
 
 
-def _trained_text(tok, sample: Sample) -> str:  # type: ignore[no-untyped-def]
+def _trained_text(tok: PreTrainedTokenizerFast, sample: Sample) -> str:
     return str(tok.decode([i for i, lab in zip(sample.input_ids, sample.labels, strict=True) if lab != IGNORE_INDEX]))
 
 
-def test_alpaca_trains_only_on_the_response(tok) -> None:  # type: ignore[no-untyped-def]
+def test_alpaca_trains_only_on_the_response(tok: PreTrainedTokenizerFast) -> None:
     sample = tokenize_record(
         {"instruction": "Reverse the order of the words.", "input": "red fox", "output": "fox red"}, "alpaca", tok, 256
     )
@@ -68,7 +72,9 @@ def test_alpaca_trains_only_on_the_response(tok) -> None:  # type: ignore[no-unt
         ),
     ],
 )
-def test_chat_formats_train_on_every_assistant_turn_only(tok, fmt: str, record: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+def test_chat_formats_train_on_every_assistant_turn_only(
+    tok: PreTrainedTokenizerFast, fmt: str, record: dict[str, Any]
+) -> None:
     sample = tokenize_record(record, fmt, tok, 256)
     assert sample is not None
     trained = _trained_text(tok, sample)
@@ -76,18 +82,18 @@ def test_chat_formats_train_on_every_assistant_turn_only(tok, fmt: str, record: 
     assert "red fox" not in trained and "one two" not in trained and "user" not in trained
 
 
-def test_text_format_trains_on_everything_but_bos(tok) -> None:  # type: ignore[no-untyped-def]
+def test_text_format_trains_on_everything_but_bos(tok: PreTrainedTokenizerFast) -> None:
     sample = tokenize_record({"text": "red fox blue"}, "text", tok, 256)
     assert sample is not None
     assert sample.labels[0] == IGNORE_INDEX and all(x != IGNORE_INDEX for x in sample.labels[1:])
 
 
-def test_truncation_keeps_max_len(tok) -> None:  # type: ignore[no-untyped-def]
+def test_truncation_keeps_max_len(tok: PreTrainedTokenizerFast) -> None:
     sample = tokenize_record({"text": " ".join(builtin.WORDS * 4)}, "text", tok, 16)
     assert sample is not None and len(sample.input_ids) == 16
 
 
-def test_malformed_line_fails_with_file_and_line(tmp_path: Path, tok) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_line_fails_with_file_and_line(tmp_path: Path, tok: PreTrainedTokenizerFast) -> None:
     path = write_jsonl(
         tmp_path / "d.jsonl",
         [
@@ -101,7 +107,7 @@ def test_malformed_line_fails_with_file_and_line(tmp_path: Path, tok) -> None:  
         load_samples(str(path), "alpaca", tok, 64, skip_malformed=False)
 
 
-def test_malformed_lines_skipped_and_counted(tmp_path: Path, tok) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_lines_skipped_and_counted(tmp_path: Path, tok: PreTrainedTokenizerFast) -> None:
     path = write_jsonl(
         tmp_path / "d.jsonl",
         [
@@ -117,13 +123,13 @@ def test_malformed_lines_skipped_and_counted(tmp_path: Path, tok) -> None:  # ty
     assert loaded.first_problem is not None and f"{path}:2:" in loaded.first_problem
 
 
-def test_missing_field_message_names_the_field(tmp_path: Path, tok) -> None:  # type: ignore[no-untyped-def]
+def test_missing_field_message_names_the_field(tmp_path: Path, tok: PreTrainedTokenizerFast) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "i"}])
     with pytest.raises(DataError, match=r"d.jsonl:1: .*missing field 'output'"):
         load_samples(str(path), "alpaca", tok, 64, skip_malformed=False)
 
 
-def test_folder_json_and_parquet(tmp_path: Path, tok) -> None:  # type: ignore[no-untyped-def]
+def test_folder_json_and_parquet(tmp_path: Path, tok: PreTrainedTokenizerFast) -> None:
     import pyarrow as pa  # type: ignore[import-untyped]
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 

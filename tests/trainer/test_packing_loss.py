@@ -34,7 +34,7 @@ def test_packed_loss_equals_mean_of_per_sample_losses(tiny_model_dir: Path) -> N
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
-    model.eval()  # type: ignore[no-untyped-call]
+    model.eval()
     texts = [("red fox", "fox red"), ("one two six ten big", "big ten six two one"), ("sun", "sun"), ("a b c", "c b a")]
     samples = [
         tokenize_record(

@@ -96,6 +96,7 @@ def test_chat_template_trains_exactly_the_assistant_tokens_and_each_ends_with_eo
     # characters (content, <|im_end|> and the newline the template puts after it), and mark
     # the tokens whose characters lie inside one.
     text = tok.apply_chat_template(turns, tokenize=False)
+    assert isinstance(text, str)
     spans = [(m.start(1), m.end(1)) for m in re.finditer(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>\n)", text, re.S)]
     assert len(spans) == 2
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)

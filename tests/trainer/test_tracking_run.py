@@ -49,7 +49,7 @@ def tensorboard_scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
 
 
 def artifact_paths(client: Any, run_id: str, path: str | None = None) -> list[str]:
-    found = []
+    found: list[str] = []
     for item in client.list_artifacts(run_id, path):
         found += artifact_paths(client, run_id, item.path) if item.is_dir else [item.path]
     return found

@@ -171,7 +171,8 @@ def test_jobs_without_s3_render_as_before() -> None:
 
 
 def test_planning_an_s3_model_asks_for_its_architecture() -> None:
-    from finetune_operator.plan.model_source import UnknownArchitectureError, resolve_model
+    from finetune_operator.plan.errors import UnknownArchitectureError
+    from finetune_operator.plan.model_source import resolve_model
 
     with pytest.raises(UnknownArchitectureError, match=r"does not read object storage.*model\.architecture"):
         resolve_model(make_job(model={"uri": "s3://models/x"}, **CREDS).spec.model)

@@ -175,7 +175,8 @@ def test_replan_follows_the_design_ladder() -> None:
     spec = job_spec("llama-3.1-8b", "full", gpus=8, memory="80Gi", training={"gradientCheckpointing": True})
     plan = choose_plan(spec)
     rungs = [(plan.zero_stage, plan.offload_optimizer, plan.offload_params)]
-    while (plan := next_frugal_plan(spec, plan)) is not None:  # type: ignore[assignment]
+    while (following := next_frugal_plan(spec, plan)) is not None:
+        plan = following
         rung = (plan.zero_stage, plan.offload_optimizer, plan.offload_params)
         if rung != rungs[-1]:
             rungs.append(rung)

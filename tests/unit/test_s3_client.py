@@ -4,6 +4,7 @@ downloaded. (The same code against the real server: tests/trainer/test_s3_checkp
 
 from __future__ import annotations
 
+import builtins
 import itertools
 from pathlib import Path
 from typing import Any
@@ -31,14 +32,15 @@ pytestmark = pytest.mark.timeout(30)
 
 def client_error(code: str, status: int = 400, message: str = "") -> ClientError:
     body = {"Error": {"Code": code, "Message": message or code}, "ResponseMetadata": {"HTTPStatusCode": status}}
-    return ClientError(body, "Op")  # type: ignore[arg-type]
+    return ClientError(body, "Op")
 
 
 class Clock:
     """Time that moves only when the store sleeps."""
 
     def __init__(self) -> None:
-        self.now, self.sleeps = 0.0, []
+        self.now = 0.0
+        self.sleeps: list[float] = []
 
     def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
@@ -276,7 +278,7 @@ class MemoryStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(self.objects[uri.key])
 
-    def delete(self, keys: list[str], within: S3Uri) -> int:
+    def delete(self, keys: builtins.list[str], within: S3Uri) -> int:
         for key in keys:
             assert key.startswith(within.key + "/")
             del self.objects[key]
@@ -306,7 +308,7 @@ def test_a_failed_upload_commits_nothing_and_leaves_the_previous_checkpoint(tmp_
     from finetune_trainer.s3_checkpoints import S3Output
 
     memory = MemoryStore()
-    out = S3Output(memory, S3Uri("b", "job"), OneRank(), local_rank=0, local_size=1)  # type: ignore[arg-type]
+    out = S3Output(memory, S3Uri("b", "job"), OneRank(), local_rank=0, local_size=1)  # type: ignore[arg-type]  # a MemoryStore for the ObjectStore
     for step in (4, 8):
         saved(tmp_path, step)
         out.publish(tmp_path, step, keep=1)

@@ -117,9 +117,12 @@ def test_a_download_on_another_node_serves_nothing(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv(prefetch_module.ENV, "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     served: list[Any] = []
-    monkeypatch.setattr(
-        prefetch_module, "download_progress", lambda *a, **k: served.append(k["port"]) or _null_context()
-    )
+
+    def download_progress(*a: Any, **k: Any) -> Any:
+        served.append(k["port"])
+        return _null_context()
+
+    monkeypatch.setattr(prefetch_module, "download_progress", download_progress)
     prefetch(_cfg("org/model"), 1, downloader=lambda *a, **k: str(tmp_path), total=10)
     assert served == [None]
 
