@@ -115,5 +115,6 @@ def test_a_download_has_its_own_time_limit() -> None:
     with pytest.raises(DownloadTimeout, match=r"downloading org/big took more than 0 s \(FTJOB_DOWNLOAD_TIMEOUT"):
         within_limit(lambda: time.sleep(5), 0.2, "downloading org/big")
     assert within_limit(lambda: "path", 5.0, "downloading org/small") == "path"
+    empty: dict[str, str] = {}
     with pytest.raises(KeyError):
-        within_limit(lambda: {}["missing"], 5.0, "downloading org/broken")
+        within_limit(lambda: empty["missing"], 5.0, "downloading org/broken")

@@ -29,7 +29,7 @@ from tests.support.cluster import FakeCluster, ignore_events, stored_job
 
 pytestmark = pytest.mark.timeout(60)
 
-CLAIM_JOB = {"model": {"uri": "pvc://models/qwen3"}}
+CLAIM_JOB: dict[str, Any] = {"model": {"uri": "pvc://models/qwen3"}}
 OPTIONS = RenderOptions(trainer_image="t", hub_endpoint="http://mirror.test")
 TINY_QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 160, "hidden_size": 64,
               "intermediate_size": 80, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
