@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--methods", nargs="+", default=["lora", "full"])
     parser.add_argument(
-        "--precision", default="fp32", help="training.precision (CPU ranks keep it: bf16 as on a GPU; fp16 falls back to bf16)"
+        "--precision", default="fp32", help="training.precision (CPU ranks keep it; fp16 falls back to bf16)"
     )
     parser.add_argument("--smoke", action="store_true", help="LoRA, packing on, seq 64, micro-batch 2, 2 steps")
     args = parser.parse_args(argv)
