@@ -14,6 +14,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh || exit 1
 export DS_ACCELERATOR=cpu PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+# mypy's incremental cache outside the work tree: a fresh clone then re-checks only what changed
+# (cold, the whole tree takes minutes of CPU that the training lane needs).
+export MYPY_CACHE_DIR=${MYPY_CACHE_DIR:-$HOME/.cache/finetune-operator/mypy}
 
 ALL_TIERS=(unit trainer cluster robustness prometheus images bench)
 # Every folder of tests must be a tier here, or CI would silently not run it.
