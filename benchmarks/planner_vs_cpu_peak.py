@@ -78,18 +78,20 @@ def _workers(root: int) -> list[int]:
     """The ranks under `root` (this run's entrypoint), not anyone else's on the machine."""
     import psutil
 
-    found = []
+    found: list[tuple[int, int]] = []
     try:
         for proc in psutil.Process(root).children(recursive=True):
             try:
                 cmd = proc.cmdline()  # a rank runs `-m finetune_trainer.worker`; the launchers name it as an argument
                 if "-m" in cmd and cmd[cmd.index("-m") + 1 :][:1] == ["finetune_trainer.worker"]:
-                    found.append(proc.pid)
+                    found.append((proc.pid, proc.ppid()))
             except psutil.Error:
                 continue
     except psutil.Error:
         pass
-    return found
+    ranks = {pid for pid, _ in found}
+    # a rank's own forked child (a build or a worker before its exec) shows the rank's command line
+    return [pid for pid, parent in found if parent not in ranks]
 
 
 def _hwm(pid: int) -> int | None:
