@@ -37,8 +37,11 @@ def test_an_incomplete_burst_is_no_measurement(sts: int, run: int, until_running
 
 
 def test_a_complete_burst_is_a_measurement() -> None:
-    burst(3, 0).require_complete("floor", 3, until_running=False, timeout=600)
-    burst(3, 3).require_complete("operator", 3, until_running=True, timeout=600)
+    floor, operator = burst(3, 0), burst(3, 3)
+    floor.require_complete("floor", 3, until_running=False, timeout=600)  # raises MeasurementFailed if not
+    operator.require_complete("operator", 3, until_running=True, timeout=600)
+    assert "apply → StatefulSet p50   1.00s p99   1.00s   (n=3," in floor.line("floor")
+    assert "apply → Running p50   2.00s p99   2.00s (n=3)" in operator.line("operator")
 
 
 @pytest.mark.timeout(60)
