@@ -237,17 +237,7 @@ class KubernetesClusterIO:
 
     def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A ConfigMap as JSON (the job's model record), None if it does not exist."""
-        try:
-            response = self.core.read_namespaced_config_map(
-                name, namespace, _preload_content=False, _request_timeout=TIMEOUT
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        body: dict[str, Any] = json.loads(getattr(response, "data", b"{}") or b"{}")
-        _release(response)
-        return body
+        return self._read_child({"kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace}})
 
     def claim_access_modes(self, namespace: str, claim: str) -> tuple[str, ...] | None:
         """A claim's access modes: its bound volume's (status), else the requested ones; None if absent."""
