@@ -59,3 +59,32 @@ def test_an_evaluation_leaves_the_4bit_base_as_it_trains(tiny_model_dir: Path) -
     states = [getattr(m.weight, "quant_state", None) for m in fresh.modules() if hasattr(m, "weight")]
     repacked = [s for s in states if s is not None and getattr(s, "packing_format_for_cpu", False)]
     assert not repacked
+
+
+def _plan(zero_stage: int) -> Any:
+    from finetune_operator.api.status import PlanStatus
+
+    return PlanStatus(zero_stage=zero_stage, offload_optimizer="none", offload_params="none",
+                      gradient_checkpointing=True, micro_batch_size=1, gradient_accumulation_steps=1,
+                      per_gpu_bytes=0, gpu_memory_bytes=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("zero_stage", [0, 2, 3])
+def test_the_packed_4bit_weights_are_stored_in_the_precision_deepspeed_casts_to(zero_stage: int) -> None:
+    """Under ZeRO-3 DeepSpeed casts every floating-point parameter to the job's precision: packed
+    4-bit weights stored in another float dtype (the compute dtype float16 here) would be converted
+    as numbers. Below ZeRO-3 they stay uint8, which DeepSpeed does not cast."""
+    import torch
+
+    from finetune_operator.api.job import FineTuneJob
+    from finetune_trainer.modeling import quantization_config
+
+    from .conftest import job_manifest
+
+    manifest = job_manifest("/models/m", "/data/d.jsonl", "/out",
+                            method={"type": "qlora", "qlora": {"computeDtype": "float16"}},
+                            training={"precision": "bf16"})  # fmt: skip
+    spec = FineTuneJob.from_manifest(manifest).spec
+    config = quantization_config(spec, _plan(zero_stage), torch.bfloat16)
+    assert config.bnb_4bit_compute_dtype == torch.float16
+    assert config.bnb_4bit_quant_storage == (torch.bfloat16 if zero_stage == 3 else torch.uint8)

@@ -238,6 +238,28 @@ def partition_report(model: Any) -> tuple[int, int, int, int]:
     return partitioned, count, local, full
 
 
+def quantization_config(spec: FineTuneJobSpec, plan: PlanStatus, dtype: Any) -> Any:
+    """bitsandbytes' 4-bit settings for a QLoRA job whose floating-point weights are `dtype`.
+
+    Under ZeRO-3 the packed 4-bit weights are stored in `dtype` itself: DeepSpeed partitions and
+    casts every floating-point parameter to the engine's precision, so a storage dtype other than
+    that one (such as `qlora.computeDtype` float16 in a bfloat16 job) would be converted as if it
+    held numbers, and the packed bits would be lost. Below ZeRO-3 they stay uint8, which DeepSpeed
+    leaves alone. The matmuls run in `qlora.computeDtype`, else in `dtype`."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    q = spec.method.qlora_or_default
+    compute_dtype = getattr(torch, q.compute_dtype) if q.compute_dtype else dtype
+    return BitsAndBytesConfig(  # type: ignore[no-untyped-call]
+        load_in_4bit=True,
+        bnb_4bit_quant_type=str(q.quant_type),
+        bnb_4bit_use_double_quant=q.double_quant,
+        bnb_4bit_compute_dtype=compute_dtype,
+        bnb_4bit_quant_storage=dtype if plan.zero_stage == 3 else torch.uint8,
+    )
+
+
 def load_model(
     spec: FineTuneJobSpec,
     plan: PlanStatus,
@@ -262,17 +284,7 @@ def load_model(
     }
     method = str(spec.method.type)
     if method == MethodType.QLORA:
-        from transformers import BitsAndBytesConfig
-
-        q = spec.method.qlora_or_default
-        compute_dtype = getattr(torch, q.compute_dtype) if q.compute_dtype else dtype
-        kwargs["quantization_config"] = BitsAndBytesConfig(  # type: ignore[no-untyped-call]
-            load_in_4bit=True,
-            bnb_4bit_quant_type=str(q.quant_type),
-            bnb_4bit_use_double_quant=q.double_quant,
-            bnb_4bit_compute_dtype=compute_dtype,
-            bnb_4bit_quant_storage=compute_dtype if plan.zero_stage == 3 else torch.uint8,
-        )
+        kwargs["quantization_config"] = quantization_config(spec, plan, dtype)
         kwargs["device_map"] = {"": _local_device(compute)}
     zero3 = zero3_loading(plan, method, ds_config)
     try:
