@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from finetune_trainer import builtin, outcome
+from finetune_trainer import builtin, evaluation, outcome
 from finetune_trainer.data.batching import EpochSampler, collate, pack, unpacked
 from finetune_trainer.data.formats import IGNORE_INDEX, Sample, tokenize_record
 from finetune_trainer.data.loading import DataError, DataUnavailable, load_samples, raw_records
-from finetune_trainer.loop import split_validation
+from finetune_trainer.loop import Trainer, split_validation
 from finetune_trainer.paths import resolve_uri
 from finetune_trainer.schedule import lr_lambda
 from finetune_trainer.settings import ConfigError
@@ -407,3 +407,23 @@ def test_predicted_tokens_are_the_labels_a_causal_loss_averages_over() -> None:
         logits[:, :-1].reshape(-1, 11), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX
     )
     assert float(full) * predicted_tokens(labels) == pytest.approx(float(total))
+
+
+def test_evaluation_runs_at_the_planned_micro_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner counts one micro-batch of activations; evaluation must not run a larger one."""
+    from types import SimpleNamespace
+
+    seen: dict[str, Any] = {}
+
+    def eval_loss(*args: Any, **kwargs: Any) -> float:
+        seen.update(kwargs)
+        return 1.0
+
+    monkeypatch.setattr(evaluation, "eval_loss", eval_loss)
+    trainer = SimpleNamespace(
+        engine=SimpleNamespace(module=None), val_rows=[], plan=SimpleNamespace(micro_batch_size=3),
+        dist=SimpleNamespace(rank=0, world=1, sum=None), tokenizer=SimpleNamespace(pad_token_id=0),
+        explicit_mask=False, loss=None, demo_prompts=[], metrics=None,
+    )  # fmt: skip
+    assert Trainer.evaluate(cast(Any, trainer)) == {"eval_loss": 1.0}
+    assert seen["batch"] == 3

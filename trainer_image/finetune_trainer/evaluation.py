@@ -39,8 +39,8 @@ def eval_loss(
 ) -> float | None:
     """Token-weighted mean loss over the validation rows, identical on every rank.
 
-    `loss(model, inputs)` is the training loss (the chunked one: no full logits here either,
-    at four times the training micro-batch)."""
+    `loss(model, inputs)` is the training loss (the chunked one: no full logits here either).
+    The trainer passes the planned micro-batch as `batch`: the plan counts no other."""
     import torch
 
     if not rows:

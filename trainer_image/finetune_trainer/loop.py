@@ -235,7 +235,7 @@ class Trainer:
             self.val_rows,
             rank=self.dist.rank,
             world=self.dist.world,
-            batch=self.plan.micro_batch_size * 4,
+            batch=self.plan.micro_batch_size,  # a forward without gradients at the planned batch fits the plan
             pad_id=int(self.tokenizer.pad_token_id),
             explicit_mask=self.explicit_mask,
             all_reduce_sum=self.dist.sum,
