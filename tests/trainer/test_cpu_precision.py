@@ -50,6 +50,31 @@ def test_a_cpu_rank_keeps_the_jobs_precision_and_only_fp16_falls_back(
     assert config["fp16"]["loss_scale"] == 0  # the rest of the rendered block is kept
 
 
+@pytest.mark.timeout(60)
+def test_a_gpu_rank_runs_sdpa_with_the_masks_the_plan_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner counts each layer's additive mask for packed GPU rows (no varlen kernel in the
+    image); the trainer must then not switch to flash-attention where one happens to be importable."""
+    import sys
+    import types
+
+    from finetune_operator.plan.activations import activation_bytes
+    from finetune_operator.plan.workload import workload_from_spec
+
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    compute = modeling.compute_settings(_spec("bf16"), on_gpu=True)
+    assert compute.attn_implementation == "sdpa"
+    padded, packed = (
+        workload_from_spec(FineTuneJob.from_manifest(job_manifest(
+            "builtin://tiny-llama", "/d.jsonl", "/out", training={"precision": "bf16"},
+            resources={"numNodes": 1, "gpusPerNode": 1}, dataset={"packing": packing},
+        )).spec)
+        for packing in (False, True)
+    )  # fmt: skip
+    # each layer's SDPA keeps a 16-bit additive copy of the mask: as much for packed rows as for padded
+    for checkpointing in (False, True):
+        assert activation_bytes(packed, 2, checkpointing) == activation_bytes(padded, 2, checkpointing)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_fp16_job_runs_and_saves_on_this_cpu_and_says_how(

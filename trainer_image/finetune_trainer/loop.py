@@ -196,7 +196,7 @@ class Trainer:
         max_len = spec.dataset.max_seq_length
         self.rows: list[Row] = pack(train, max_len) if spec.dataset.packing else unpacked(train)
         self.val_rows: list[Row] = unpacked(val)
-        self.explicit_mask = self.compute.attn_implementation != "flash_attention_2"
+        self.explicit_mask = True  # SDPA everywhere (`modeling.compute_settings`): padded and packed rows carry masks
         self.demo_prompts: list[list[int]] = []
         self.demo_answers: list[str] = []
         if builtin.is_builtin(spec.dataset.uri):

@@ -71,20 +71,15 @@ CPU_FP16_FALLBACK = (
 
 def compute_settings(spec: FineTuneJobSpec, on_gpu: bool, cpu_fp16: bool | None = None) -> ComputeSettings:
     """The dtype and attention kernel this rank uses, and why. `cpu_fp16`: whether the CPU runs
-    fp16 (asked of DeepSpeed's accelerator when None)."""
+    fp16 (asked of DeepSpeed's accelerator when None). The kernel is SDPA on CPU and GPU alike, with
+    an explicit mask for padded and packed rows: the image has no varlen flash-attention kernel,
+    and the planner counts the masks (`plan.activations`)."""
     asked = str(spec.training.precision)
     if not on_gpu:
         if asked == "fp16" and not (cpu_supports_fp16() if cpu_fp16 is None else cpu_fp16):
             return ComputeSettings(DTYPES["bf16"], False, "sdpa", CPU_FP16_FALLBACK)
         return ComputeSettings(DTYPES[asked], False, "sdpa")
-    attn = "sdpa"
-    try:
-        import flash_attn  # type: ignore[import-not-found]  # noqa: F401
-
-        attn = "flash_attention_2" if asked in ("bf16", "fp16") else "sdpa"
-    except ImportError:
-        pass
-    return ComputeSettings(DTYPES[asked], True, attn)
+    return ComputeSettings(DTYPES[asked], True, "sdpa")
 
 
 def effective_deepspeed_config(config: dict[str, Any], compute: ComputeSettings) -> dict[str, Any]:

@@ -8,9 +8,9 @@ fine-tuning: a frozen base linear keeps nothing, a trained weight keeps its inpu
 - every RMSNorm keeps its fp32 input, `4·h`; a trained norm weight also its normalised input;
   norms on the queries and keys (Qwen 3, Gemma 3, OLMo 2) do the same over `q + kv`;
 - attention keeps q and k after the rotary, v (k and v repeated for grouped-query attention),
-  and the kernel's output and log-sum-exp, `4·e·q`; with an explicit mask (padded rows), its
-  additive copy, `e·s` per token; eager (Gemma 2): the scores and probabilities instead,
-  gpt-oss (sinks): the probabilities only;
+  and the kernel's output and log-sum-exp, `4·e·q`, and the additive copy of the explicit mask
+  every batch carries (padded or packed rows: the image ships no varlen kernel), `e·s` per
+  token; eager (Gemma 2): the scores and probabilities instead, gpt-oss (sinks): the probabilities only;
 - the gated MLP keeps the gate and up outputs and the activation, `3·e·I` (MoE: for each
   routed expert, with the gathered token copies, the product and the expert outputs);
 - linear inputs: full fine-tuning keeps each distinct one (the norms' outputs, the product);
@@ -19,7 +19,7 @@ fine-tuning: a frozen base linear keeps nothing, a trained weight keeps its inpu
 - in LoRA nothing upstream of the first layer's adapted modules needs a gradient: its first
   norm and the masks of the dropouts on that norm's output are not kept (a post-norm family's
   first norm reads the attention's output, which does need one);
-- packed rows on CPU carry an explicit block-diagonal mask (no varlen kernel there), and the
+- packed rows carry an explicit block-diagonal mask (no varlen kernel in the image); on CPU the
   attention then keeps its `b·heads·s²` scores and probabilities per layer;
 - peft adapts fused MoE expert weights by materialising `W + B·A`, kept per layer.
 
@@ -82,13 +82,6 @@ def dropout_mask_bytes(workload: Workload) -> int:
     return workload.param_bytes if workload.on_cpu else 1
 
 
-def explicit_attention_mask(workload: Workload) -> bool:
-    """Whether the attention gets an explicit mask (padded rows; packed rows on a CPU rank), which
-    each layer converts to an additive one and keeps. Packed GPU rows use flash-attention's varlen
-    kernel: position ids, no mask."""
-    return workload.on_cpu or not workload.packing
-
-
 def _norm_bytes(workload: Workload, traits: FamilyActivationTraits) -> int:
     """Per token: every RMSNorm keeps its fp32 input; a trained norm weight also needs the
     normalised input (16-bit, or fp32 where the family scales in fp32)."""
@@ -112,9 +105,7 @@ def _attention_bytes(workload: Workload, traits: FamilyActivationTraits) -> int:
     if traits.eager_attention:
         per_token += eager_score_bytes(e, traits.eager_attention) * shape.num_heads * s
     else:
-        per_token += e * q + LOG_SUM_EXP_BYTES * shape.num_heads
-        if explicit_attention_mask(workload):
-            per_token += e * s
+        per_token += e * q + LOG_SUM_EXP_BYTES * shape.num_heads + e * s  # e·s: the additive mask
     if workload.packing and workload.on_cpu:
         per_token += PACKED_CPU_ATTENTION_BYTES_PER_SCORE * shape.num_heads * s
     return per_token
@@ -238,9 +229,10 @@ def loss_bytes(workload: Workload, tokens: int) -> int:
 
 
 def packed_mask_bytes(workload: Workload, micro_batch: int) -> int:
-    """The block-diagonal mask of packed rows, built where flash-attention's varlen kernel is not used.
+    """The block-diagonal mask of packed CPU rows and CPU SDPA's temporaries around it.
 
-    The trainer builds it on CPU; on GPU the plan assumes flash-attention (position ids only).
+    On GPU packed rows carry a `[b,1,s,s]` boolean mask like padded rows do (the trainer runs SDPA:
+    the image has no varlen flash-attention kernel), counted with theirs (`_shared_bytes_per_token`).
     Packed rows are always full `maxSeqLength` rows, which the token count already assumes.
     """
     if not (workload.packing and workload.on_cpu):
@@ -253,7 +245,7 @@ def _shared_bytes_per_token(workload: Workload, checkpointing: bool) -> int:
     checkpointing the boolean mask of padded rows that every recompute reads (without, each layer
     keeps its own additive copy and the boolean one is freed; packed CPU rows: `packed_mask_bytes`)."""
     shape, e = workload.shape, workload.param_bytes
-    mask = workload.seq_len if checkpointing and explicit_attention_mask(workload) and not workload.packing else 0
+    mask = workload.seq_len if checkpointing and not (workload.packing and workload.on_cpu) else 0
     return 2 * e * shape.head_dim + mask
 
 

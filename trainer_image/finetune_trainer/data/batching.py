@@ -1,9 +1,9 @@
 """Sequences, packing and micro-batches.
 
 Packing puts several samples into one sequence without letting them see each other:
-position ids restart at 0 for every sample, and on CPU (or without flash-attention) an
-explicit block-diagonal causal mask is built; on GPU with flash-attention the position
-ids alone select the varlen kernel. Without packing, batches are right-padded.
+position ids restart at 0 for every sample, and an explicit block-diagonal causal mask is
+built (the trainer runs SDPA: the image has no varlen flash-attention kernel, which could
+take the position ids alone). Without packing, batches are right-padded.
 Padding tokens never count as "useful" tokens; "trained" tokens are those with a label
 (the responses), what the loss is taken over.
 """
