@@ -88,3 +88,19 @@ def test_the_packed_4bit_weights_are_stored_in_the_precision_deepspeed_casts_to(
     config = quantization_config(spec, _plan(zero_stage), torch.bfloat16)
     assert config.bnb_4bit_compute_dtype == torch.float16
     assert config.bnb_4bit_quant_storage == (torch.bfloat16 if zero_stage == 3 else torch.uint8)
+
+
+def test_a_4bit_base_keeps_its_unquantised_weights_16bit_and_trains_only_the_adapters(tiny_model_dir: Path) -> None:
+    """peft's k-bit preparation would cast embeddings, head and norms to fp32 (DeepSpeed casts them
+    back): the trainer keeps them in the job's precision, so loading holds what the planner counts."""
+    import torch
+
+    model = qlora_model(tiny_model_dir)
+    base = {n: p for n, p in model.named_parameters() if "lora_" not in n and p.__class__.__name__ != "Params4bit"}
+    assert base and {p.dtype for p in base.values()} == {torch.bfloat16}, {n: p.dtype for n, p in base.items()}
+    assert all(not p.requires_grad for p in base.values())
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    ids = torch.randint(3, 512, (1, 8))
+    model(input_ids=ids, labels=ids).loss.backward()  # gradient checkpointing reaches the adapters
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

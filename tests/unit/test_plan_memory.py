@@ -10,6 +10,7 @@ import pytest
 from finetune_operator.api.loss_chunks import HIDDEN_COPIES
 from finetune_operator.plan.activations import PACKED_CPU_ATTENTION_BYTES_PER_SCORE, activation_bytes
 from finetune_operator.plan.memory import Strategy, estimate_memory
+from finetune_operator.plan.planner import plan_job
 from finetune_operator.plan.workload import Workload, workload_from_spec
 from tests.factories import make_job
 
@@ -202,3 +203,34 @@ def test_packing_on_cpu_adds_the_mask_and_the_masked_attention_and_on_gpu_masks_
     gpu_off_ckpt = activation_bytes(_tiny_cpu(resources={"gpusPerNode": 1}), micro, checkpointing=True)
     gpu_on_ckpt = activation_bytes(_tiny_cpu(resources={"gpusPerNode": 1}, dataset={"packing": True}), micro, True)
     assert gpu_on_ckpt.activations == gpu_off_ckpt.activations  # the boolean mask every recompute reads
+
+
+def test_qlora_under_zero3_counts_loading_the_whole_4bit_model_on_each_gpu() -> None:
+    """bitsandbytes quantises whole tensors, so a QLoRA model loads whole on every GPU before
+    DeepSpeed partitions it: for 70B on 8 GPUs that is far above the partitioned step."""
+    w = workload("llama-3.1-70b", "qlora", gpus=8, seq=1024)
+    zero3, zero2 = estimate_memory(w, strategy(3, ckpt=True)), estimate_memory(w, strategy(2, ckpt=True))
+    counts = w.counts
+    expected = int(counts.quantizable * w.quantized_bytes_per_param) + 2 * (counts.frozen - counts.quantizable)
+    assert zero3.load_peak_bytes == expected + int(w.overhead_bytes)
+    assert 36 * 2**30 < zero3.load_peak_bytes < 42 * 2**30  # ~35 GiB of 4-bit weights, 2 GiB of bf16 embeddings
+    assert zero3.step_bytes < zero3.load_peak_bytes == zero3.per_gpu_bytes
+    assert zero2.load_peak_bytes == 0 and zero2.per_gpu_bytes == zero2.step_bytes  # the step holds the whole model
+    lora3 = estimate_memory(workload("llama-3.1-70b", "lora", gpus=8, seq=1024), strategy(3, ckpt=True))
+    assert lora3.load_peak_bytes == 0  # LoRA loads partitioned (zero.Init)
+
+
+def test_a_qlora_70b_on_40gib_gpus_is_not_planned_at_zero3_below_its_loading_peak() -> None:
+    job = make_job(
+        model={"uri": "org/model", "architecture": "llama-3.1-70b"},
+        method={"type": "qlora"},
+        dataset={"uri": "builtin://reverse-words", "maxSeqLength": 1024},
+        resources={"numNodes": 1, "gpusPerNode": 8, "gpuMemory": "40Gi"},
+        training={"globalBatchSize": 32, "precision": "bf16"},
+    )
+    result = plan_job(job.spec, require_fit=False)
+    zero3 = [c for c in result.candidates if c.strategy.zero_stage == 3 and c.strategy.offload_params == "none"]
+    assert zero3 and not any(c.fits_gpu for c in zero3)
+    step_fits = [c for c in zero3 if c.memory.step_bytes <= result.gpu_budget_bytes]
+    assert step_fits and all("at load (the whole 4-bit model" in c.reason for c in step_fits)
+    assert result.chosen is None or result.chosen.per_gpu_bytes <= result.gpu_budget_bytes

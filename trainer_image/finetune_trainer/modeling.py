@@ -299,15 +299,8 @@ def load_model(
         )
     model.config.use_cache = False
     if method == MethodType.QLORA:
-        from peft import prepare_model_for_kbit_training
-
         keep_4bit_training_layout(model)
-
-        model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
-            model,
-            use_gradient_checkpointing=plan.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False},
-        )
+        freeze_4bit_base(model, plan.gradient_checkpointing)
     elif plan.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[no-untyped-call]
     if method in (MethodType.LORA, MethodType.QLORA):
@@ -320,6 +313,21 @@ def load_model(
         for param in model.parameters():
             param.requires_grad_(True)
     return model
+
+
+def freeze_4bit_base(model: Any, gradient_checkpointing: bool) -> None:
+    """Freeze a 4-bit base for LoRA: peft's `prepare_model_for_kbit_training` without its fp32 copies.
+
+    peft's preparation also casts every weight it did not quantise (embeddings, the head, norms) to
+    fp32. Under DeepSpeed that buys nothing (`deepspeed.initialize` casts parameters back to the
+    job's 16-bit precision), but it costs their size twice over while the model loads: for a 70B
+    QLoRA job at ZeRO-3, which loads the whole model on every GPU, about 4 GiB more at load
+    (`plan.memory.load_peak_bytes` counts what remains)."""
+    for param in model.parameters():
+        param.requires_grad_(False)
+    if gradient_checkpointing:
+        model.enable_input_require_grads()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def uniform_trainable_dtype(model: Any, dtype: Any) -> None:

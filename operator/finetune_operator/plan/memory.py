@@ -74,10 +74,18 @@ class MemoryEstimate:
     host_bytes_per_node: int
     nvme_bytes_per_node: int
     host_model_state_bytes_per_rank: int
+    load_peak_bytes: int = 0
+    """Per GPU while the model loads, where that is above the step (`load_peak_bytes`), else 0."""
+
+    @property
+    def step_bytes(self) -> int:
+        """The training step's peak: the sum of the breakdown."""
+        return sum(self.breakdown.values())
 
     @property
     def per_gpu_bytes(self) -> int:
-        return sum(self.breakdown.values())
+        """What the GPU must hold at its highest: the step, or loading the model where that is more."""
+        return max(self.step_bytes, self.load_peak_bytes)
 
     @property
     def model_state_bytes(self) -> int:
@@ -156,6 +164,18 @@ def _buffer_bytes(workload: Workload, stage: int) -> float:
     return 0.0
 
 
+def load_peak_bytes(workload: Workload, strategy: Strategy) -> int:
+    """Per GPU while the model loads, before `deepspeed.initialize` partitions it.
+
+    QLoRA under ZeRO-3 cannot load partitioned (bitsandbytes quantises whole tensors), so every
+    GPU holds the whole 4-bit model and the 16-bit weights it does not quantise (embeddings, the
+    head, norms; the trainer keeps them 16-bit, `modeling.freeze_4bit_base`). Every other plan
+    loads partitioned (ZeRO-3) or keeps the whole model for the step anyway: 0."""
+    if workload.method != "qlora" or strategy.zero_stage != 3:
+        return 0
+    return int(frozen_weight_bytes(workload) + workload.overhead_bytes)
+
+
 def estimate_memory(workload: Workload, strategy: Strategy, activation_override: int | None = None) -> MemoryEstimate:
     """Per-GPU bytes of `strategy` for `workload`, by term; `activation_override` replaces the
     analytical activations+logits peak (traced planning)."""
@@ -207,6 +227,7 @@ def estimate_memory(workload: Workload, strategy: Strategy, activation_override:
         host_bytes_per_node=int(host_per_rank * workload.ranks_per_node),
         nvme_bytes_per_node=int(nvme_per_rank * workload.ranks_per_node),
         host_model_state_bytes_per_rank=int(host_states),
+        load_peak_bytes=load_peak_bytes(workload, strategy),
     )
 
 

@@ -142,6 +142,8 @@ def explain(
         if not c.fits_gpu:
             over = gib(c.per_gpu_bytes - budget)
             reason = f"does not fit by {over} per {device} ({gib(c.per_gpu_bytes)} > {gib(budget)})"
+            if c.memory.load_peak_bytes > c.memory.step_bytes:
+                reason += f", at load (the whole 4-bit model; the step needs {gib(c.memory.step_bytes)})"
         elif not c.fits_host:
             reason = (
                 f"host memory: needs {gib(c.memory.host_bytes_per_node)} per node, "
@@ -175,8 +177,15 @@ def _verdict(chosen: Candidate | None, workload: Workload, gpu_memory: int, budg
             f"(usable {gib(budget)} each)"
         )
     s = chosen.strategy
+    loading = chosen.memory.load_peak_bytes
+    at_load = (
+        f" (at load: the whole 4-bit model on each {device} before ZeRO-3 partitions it; the step needs "
+        f"{gib(chosen.memory.step_bytes)})"
+        if loading > chosen.memory.step_bytes
+        else ""
+    )
     return (
-        f"{s.label()} fits: {gib(chosen.per_gpu_bytes)} of {gib(budget)} usable per {device} on {where}, "
+        f"{s.label()} fits: {gib(chosen.per_gpu_bytes)} of {gib(budget)} usable per {device} on {where}{at_load}, "
         f"~{chosen.step.seconds:.2f} s/step"
     )
 
