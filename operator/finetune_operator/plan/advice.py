@@ -25,7 +25,13 @@ def what_would_fit(
     budget = gpu_memory * margin
     out: list[str] = []
     weights = frozen_weight_bytes(workload) + workload.counts.trainable * workload.param_bytes
-    if weights > budget:
+    if weights > budget and workload.method == "qlora":
+        out.append(
+            f"the 4-bit weights are {weights / GIB:.1f} GiB, more than the {budget / GIB:.1f} GiB usable on one GPU, "
+            "and a QLoRA model loads whole on every GPU before ZeRO-3 partitions it (bitsandbytes quantises whole "
+            "tensors): it needs bigger GPUs, or LoRA (method.type: lora), which loads partitioned"
+        )
+    elif weights > budget:
         out.append(
             f"the weights alone are {weights / GIB:.1f} GiB, more than the {budget / GIB:.1f} GiB usable on one GPU: "
             "they must be sharded (ZeRO-3 over more GPUs), quantised (qlora) or offloaded"
