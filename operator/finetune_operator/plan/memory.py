@@ -75,7 +75,7 @@ class MemoryEstimate:
     nvme_bytes_per_node: int
     host_model_state_bytes_per_rank: int
     load_peak_bytes: int = 0
-    """Per GPU while the model loads, where that is above the step (`load_peak_bytes`), else 0."""
+    """Per GPU while the model loads, where loading is not partitioned (`load_peak_bytes`), else 0."""
 
     @property
     def step_bytes(self) -> int:
