@@ -245,6 +245,43 @@ def test_env_field_refs_config_and_secret_are_visible_to_the_process(kube: Kube,
     assert ipaddress.ip_address(seen["POD_IP"]) in ipaddress.ip_network("127.2.0.0/16")
 
 
+def test_a_volume_at_tmp_hides_no_other_volume(kube: Kube, local_cluster: LocalCluster, namespace: str) -> None:
+    """The claims and the pod's files live under the cluster's work dir in /tmp: an emptyDir
+    mounted at /tmp (as the model inspector pod has) must not hide them from the other mounts."""
+    from finetune_localcluster.devtools import bind_claim
+
+    bind_claim(kube, namespace, "data")
+    claim = local_cluster.workdir / "pvc" / namespace / "data"
+    claim.mkdir(parents=True, exist_ok=True)
+    (claim / "config.json").write_text('{"on": "the claim"}')
+    kube.create(f"/api/v1/namespaces/{namespace}/configmaps", {"metadata": {"name": "cfg"}, "data": {"k": "v"}})
+    script = """
+        import json, os
+        out = {"claim": open("/mnt/data/config.json").read(), "nested": open("/tmp/cfg/k").read(),
+               "tmp": sorted(os.listdir("/tmp"))}
+        open("/dev/termination-log", "w").write(json.dumps(out))
+    """
+    pod = process_pod(
+        "shadowed",
+        script,
+        volumeMounts=[
+            {"name": "cfg", "mountPath": "/tmp/cfg", "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "data", "mountPath": "/mnt/data", "readOnly": True},
+        ],
+    )
+    pod["spec"]["volumes"] = [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "cfg", "configMap": {"name": "cfg"}},
+        {"name": "data", "persistentVolumeClaim": {"claimName": "data", "readOnly": True}},
+    ]
+    kube.create(f"/api/v1/namespaces/{namespace}/pods", pod)
+    done = wait_for(lambda: phase(kube, namespace, "shadowed", "Succeeded", "Failed"), WAIT_S, "pod to finish")
+    terminated = done["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert done["status"]["phase"] == "Succeeded", terminated
+    assert json.loads(terminated["message"]) == {"claim": '{"on": "the claim"}', "nested": "v", "tmp": ["cfg"]}
+
+
 PEER_SCRIPT = """
     import json, os, socket, threading, time
     me, ns = os.environ["POD_NAME"], os.environ["POD_NAMESPACE"]

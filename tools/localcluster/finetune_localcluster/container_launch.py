@@ -1,6 +1,8 @@
 """Starting one container as a local process: `unshare --mount --uts` and a small shell that
 sets the hostname, bind-mounts the pod's volumes, /etc/hosts and the termination-message file
-at their paths (creating empty mount points on the host), and execs the command."""
+at their paths (creating empty mount points on the host; parents before the paths below them,
+each from a descriptor opened before the first mount, so no volume hides another's source),
+and execs the command."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from pathlib import Path
 from finetune_localcluster.cluster import with_parent_death_signal
 from finetune_localcluster.pod_contents import VENV_BIN, NotReadyYet, expand
 from finetune_localcluster.pod_runs import Container, PodRun, now
+
+FIRST_FD = 10
+"""The shell's descriptors for the volumes' sources start here (bash keeps 0-9 for scripts)."""
 
 
 def launch(run: PodRun, c: Container, env: dict[str, str]) -> None:
@@ -42,12 +47,18 @@ def launch(run: PodRun, c: Container, env: dict[str, str]) -> None:
                 src.mkdir()
         mounts.append((src, m["mountPath"], bool(m.get("readOnly"))))
     lines = ["set -e", f"hostname {shlex.quote(run.hostname[:63])}"]
-    for src, dst, ro in mounts:
+    # Every source is opened before anything is mounted: a volume mounted over a directory that
+    # holds another volume's source (an emptyDir at /tmp, where the claims and the pod's files
+    # live) would hide it. The binds then go through the open descriptors, parents first.
+    opened = [(FIRST_FD + i, src, dst, ro) for i, (src, dst, ro) in enumerate(mounts)]
+    lines += [f"exec {fd}<{shlex.quote(str(src))}" for fd, src, _, _ in opened]
+    for fd, src, dst, ro in sorted(opened, key=lambda m: len(Path(m[2]).parts)):
         q = shlex.quote(dst)
         lines.append(f"mkdir -p {q}" if src.is_dir() else f"mkdir -p $(dirname {q}); [ -e {q} ] || : > {q}")
-        lines.append(f"mount --bind {shlex.quote(str(src))} {q}")
+        lines.append(f"mount --no-canonicalize --bind /proc/$$/fd/{fd} {q}")
         if ro:
             lines.append(f"mount -o remount,bind,ro {q}")
+    lines += [f"exec {fd}<&-" for fd, _, _, _ in opened]
     workdir = c.spec.get("workingDir") or "/"
     lines += [f"mkdir -p {shlex.quote(workdir)}", f"cd {shlex.quote(workdir)}", 'exec "$@"']
     with open(run.dir / f"{c.name}.log", "ab") as log:
@@ -59,7 +70,7 @@ def launch(run: PodRun, c: Container, env: dict[str, str]) -> None:
                     "--uts",
                     "--propagation",
                     "private",
-                    "/bin/sh",
+                    "/bin/bash",
                     "-c",
                     "\n".join(lines),
                     "sh",
