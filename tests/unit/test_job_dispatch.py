@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from finetune_operator.api.status import FineTuneJobStatus, State
+from finetune_operator.api.reasons import State
+from finetune_operator.api.status import FineTuneJobStatus
 from finetune_operator.handlers.dispatch import POKE_DELAY_SECONDS, HandlerSettings, JobHandlers, next_pass
 from finetune_operator.reconcile.lifecycle import Decision
 from finetune_operator.reconcile.observed import Observed, PodView, WorkersView

@@ -15,7 +15,7 @@ from finetune_operator.api.pod_contract import (
     is_out_of_memory_text,
     reason_of_line,
 )
-from finetune_operator.reconcile import lifecycle, policies, reasons
+from finetune_operator.reconcile import lifecycle, policies, termination
 from finetune_operator.reconcile.observed import Termination
 
 
@@ -38,7 +38,7 @@ def test_the_trainers_summary_becomes_status_result_field_for_field() -> None:
         exact_match_before=0.0,
         skipped_records=3,
     )
-    read = reasons.summary_of(term(written.to_message(), code=0, reason="Completed"))
+    read = termination.summary_of(term(written.to_message(), code=0, reason="Completed"))
     assert read == written
     result = read.to_result()
     assert (result.adapter_uri, result.merged_model_uri) == ("/mnt/pvc/out/adapter", "/mnt/pvc/out/merged")
@@ -63,12 +63,12 @@ def test_a_full_fine_tuning_summary_points_the_result_at_the_model() -> None:
     ],
 )
 def test_what_is_not_a_summary_gives_no_result(message: str) -> None:
-    assert reasons.summary_of(term(message, code=0)) is None
+    assert termination.summary_of(term(message, code=0)) is None
 
 
 def test_keys_a_newer_trainer_adds_are_ignored() -> None:
     message = json.dumps({"steps": 3, "tokens": 9, "finalLoss": 1.5, "somethingNew": {"x": 1}})
-    summary = reasons.summary_of(term(message, code=0))
+    summary = termination.summary_of(term(message, code=0))
     assert summary is not None and summary.steps == 3 and summary.final_loss == 1.5
 
 
@@ -76,12 +76,12 @@ def test_keys_a_newer_trainer_adds_are_ignored() -> None:
 def test_every_reason_is_read_back_and_only_input_errors_are_not_retried(reason: TerminationReason) -> None:
     line = f"{reason}: something happened (rank 1)"
     assert reason_of_line(line) == reason
-    assert reasons.not_retried(term(line)) == (reason if reason in NOT_RETRIED else None)
+    assert termination.not_retried(term(line)) == (reason if reason in NOT_RETRIED else None)
 
 
 def test_a_reason_in_the_middle_of_a_line_is_not_the_root_cause() -> None:
     assert reason_of_line("RuntimeError: DataError: inside") is None
-    assert reasons.not_retried(term("Traceback ...\nValueError: DataError: x")) is None
+    assert termination.not_retried(term("Traceback ...\nValueError: DataError: x")) is None
 
 
 @pytest.mark.parametrize(
@@ -97,7 +97,7 @@ def test_both_sides_recognise_the_same_out_of_memory_errors(text: str) -> None:
     from finetune_trainer import outcome
 
     assert is_out_of_memory_text(text) and outcome.is_oom_text(text)
-    assert reasons.is_out_of_memory(term(text))
+    assert termination.is_out_of_memory(term(text))
 
 
 @pytest.mark.parametrize(
@@ -112,12 +112,12 @@ def test_an_rdma_registration_failure_is_a_network_error_on_both_sides(text: str
     from finetune_trainer import outcome
 
     error = RuntimeError(f"NCCL error in: ProcessGroupNCCL.cpp:3356, unhandled system error; {text}")
-    assert not is_out_of_memory_text(text) and not reasons.is_out_of_memory(term(str(error)))
+    assert not is_out_of_memory_text(text) and not termination.is_out_of_memory(term(str(error)))
     assert outcome.classify(error) == TerminationReason.NETWORK_ERROR
     line = outcome.failure_line(error, 3)
     assert line.startswith("NetworkError: NCCL could not register memory") and "RLIMIT_MEMLOCK" in line
     assert "ibv_" in line and line.endswith("(rank 3)")
-    assert not reasons.is_out_of_memory(term(line))
+    assert not termination.is_out_of_memory(term(line))
 
 
 def test_a_sigkill_line_is_not_out_of_memory() -> None:

@@ -21,8 +21,10 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from ..api import FineTuneJob, describe
+from ..api import reasons as R
 from ..api.spec import FineTuneJobSpec
 from ..api.status import FineTuneJobStatus, PlanStatus
+from ..api.timestamps import parse_timestamp, timestamp
 from ..plan import choose_plan, next_frugal_plan
 from ..plan.errors import PlanningError
 from ..plan.scheduling_policy import SchedulingPolicy
@@ -31,12 +33,10 @@ from ..render.manifests import gang_hash, render_all
 from ..render.options import RenderOptions
 from ..render.workload import priority_class_of, with_priority
 from . import metrics
-from . import reasons as R
 from .cluster_io import ChildWriteError, ClusterIO, Conflict, status_patch
 from .lifecycle import Decision, Event, PlanFailed, decide
 from .observed import Observed
 from .policies.child_write import after_write_error
-from .policies.context import parse_timestamp, timestamp
 from .policies.queueing import finished_status, released_status
 from .progress import Sample, fetch, parse, to_progress
 from .salvage import invalid_spec_status, salvage_status
@@ -379,7 +379,7 @@ class Reconciler:
         wrote = self._write_status(body, decision)
         if wrote:
             failed = [c for c in decision.status.conditions if c.type == "Failed"]
-            self.sink(body, Event("Warning", "InvalidSpec", failed[0].message if failed else "invalid spec"))
+            self.sink(body, Event("Warning", R.INVALID_SPEC, failed[0].message if failed else "invalid spec"))
         self.census.record(str(body.get("metadata", {}).get("uid", "")), namespace, decision.status.state)
         return Outcome(decision, wrote, False, None)
 
@@ -388,7 +388,7 @@ class Reconciler:
         if event.reason in (R.RANK_FAILED, R.REPLANNED):
             metrics.RESTARTS.labels(namespace).inc()
         if event.reason == R.REPLANNED:
-            metrics.REPLANS.labels("OutOfMemory").inc()
+            metrics.REPLANS.labels(R.OUT_OF_MEMORY).inc()
 
 
 def _scales_to_zero(observed: Observed, decision: Decision) -> bool:

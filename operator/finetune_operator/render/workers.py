@@ -13,6 +13,7 @@ from typing import Any
 
 from ..api.base import parse_quantity
 from ..api.job import FineTuneJob
+from ..api.pod_contract import TERMINATION_LOG
 from .config_files import CONFIG_DIR
 from .identity import (
     CONFIG_HASH_ANNOTATION,
@@ -154,7 +155,7 @@ def statefulset(
         "ports": _ports(job, options),
         "resources": _resources(job, host_bytes),
         "volumeMounts": volume_mounts(job, CONFIG_DIR),
-        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": restricted,
     }

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from ...api import reasons as R
 from ...api.job import FineTuneJob
-from ...api.status import ConditionType
-from .. import reasons as R
+from ...api.reasons import ConditionType
 from ..cluster_io import ChildWriteError
 from ..conditions import get
 from .context import Decision, Event, StatusBuilder

@@ -3,8 +3,8 @@ on the new one, from the last checkpoint (pods are never updated in place: `OnDe
 
 from __future__ import annotations
 
-from ...api.status import ConditionType
-from .. import reasons as R
+from ...api import reasons as R
+from ...api.reasons import ConditionType
 from .context import Context, Decision
 
 

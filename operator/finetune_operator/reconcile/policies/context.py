@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from ...api.job import FineTuneJob
+from ...api.reasons import ConditionType
 from ...api.spec import FineTuneJobSpec
-from ...api.status import ConditionType, FineTuneJobStatus, PlanStatus, Progress
+from ...api.status import FineTuneJobStatus, PlanStatus, Progress
+from ...api.timestamps import timestamp
 from ..conditions import headline, is_true, set_condition
 from ..observed import Observed, PodView
 from ..tracking import TrackingReport
@@ -58,19 +60,6 @@ class Decision:
     """The job ended (Succeeded|Failed): mark its Workload Finished."""
     placement: dict[str, str] = field(default_factory=dict)
     """nodeLabels of the ResourceFlavors Kueue admitted the job on, for the pods' nodeSelector."""
-
-
-def timestamp(now: datetime) -> str:
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_timestamp(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def describe_plan(plan: PlanStatus) -> str:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from .. import reasons as R
-from .context import Context, Decision, parse_timestamp
+from ...api import reasons as R
+from ...api.timestamps import parse_timestamp
+from .context import Context, Decision
 
 
 def decide(ctx: Context) -> Decision | None:

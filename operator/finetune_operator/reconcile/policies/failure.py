@@ -5,9 +5,11 @@ next more frugal strategy; a root cause a restart cannot change fails the job at
 
 from __future__ import annotations
 
+from ...api import reasons as R
+from ...api.reasons import ConditionType
 from ...api.spec import MethodType, OomAction
-from ...api.status import ConditionType, LastFailure, PlanStatus
-from .. import reasons as R
+from ...api.status import LastFailure, PlanStatus
+from .. import termination
 from ..observed import PodView, Termination
 from .context import Context, Decision, StatusBuilder, describe_plan
 
@@ -38,8 +40,8 @@ def _handle(
     last = b.status.last_failure
     if last is not None and last.fingerprint == fingerprint:
         return plan, True  # already counted; the deletion may not have happened yet
-    cause = R.root_cause(term, pod.name)
-    oom = R.is_out_of_memory(term)
+    cause = termination.root_cause(term, pod.name)
+    oom = termination.is_out_of_memory(term)
     b.update(
         last_failure=LastFailure(
             reason=R.OUT_OF_MEMORY if oom else R.RANK_FAILED,
@@ -51,7 +53,7 @@ def _handle(
         )
     )
     policy = ctx.job.spec.failure_policy
-    permanent = R.not_retried(term)
+    permanent = termination.not_retried(term)
     if permanent is not None:
         b.fail(permanent, f"{cause}; not retried: a restart would fail the same way (fix it in a new job)")
         return plan, False

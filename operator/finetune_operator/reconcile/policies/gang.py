@@ -7,9 +7,10 @@ checkpoint it resumed from, an Event says so, and whether it was converted to th
 
 from __future__ import annotations
 
+from ...api import reasons as R
 from ...api.status import Progress, Workers
-from .. import reasons as R
-from .context import Context, Decision, StatusBuilder, describe_plan, parse_timestamp
+from ...api.timestamps import parse_timestamp
+from .context import Context, Decision, StatusBuilder, describe_plan
 
 
 def announce_resume(ctx: Context, b: StatusBuilder, before: Progress | None, step: int | None, converted: bool) -> None:

@@ -4,8 +4,8 @@ job (InvalidSpec, DoesNotFit) before any GPU is taken."""
 
 from __future__ import annotations
 
-from ...api.status import ConditionType
-from .. import reasons as R
+from ...api import reasons as R
+from ...api.reasons import ConditionType
 from .context import Context, Decision, PlanFailed, describe_plan
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...api.status import ConditionType, State, Workers
+from ...api import reasons as R
+from ...api.reasons import ConditionType, State
+from ...api.status import Workers
 from ...render.workload import SPEC_HASH_ANNOTATION, workload
-from .. import reasons as R
 from ..conditions import is_true
 from ..observed import KueueCondition, WorkloadView
 from .context import Context, Decision

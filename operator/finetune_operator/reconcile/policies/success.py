@@ -4,9 +4,11 @@ is announced here); the workers are scaled to 0 so the GPUs are free."""
 
 from __future__ import annotations
 
+from ...api import reasons as R
 from ...api.pod_contract import TrainingSummary
-from ...api.status import ConditionType, Progress, Result
-from .. import reasons as R
+from ...api.reasons import ConditionType
+from ...api.status import Progress, Result
+from .. import termination
 from .context import Context, Decision
 from .gang import announce_resume
 from .tracking import at_success
@@ -36,7 +38,7 @@ def decide(ctx: Context) -> Decision | None:
     if not (len(pods) == nodes and len(completed) == nodes and {p.ordinal for p in pods} == set(range(nodes))):
         return None
     rank0 = next(p for p in pods if p.ordinal == 0)
-    summary = R.summary_of(rank0.completed or completed[0])
+    summary = termination.summary_of(rank0.completed or completed[0])
     result = at_success(b, summary.to_result() if summary is not None else Result())
     if summary is not None:
         announce_resume(ctx, b, b.status.progress, summary.resumed_from_step, bool(summary.checkpoint_converted))

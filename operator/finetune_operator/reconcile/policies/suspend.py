@@ -3,8 +3,9 @@ checkpoint and announces it."""
 
 from __future__ import annotations
 
-from ...api.status import ConditionType, Workers
-from .. import reasons as R
+from ...api import reasons as R
+from ...api.reasons import ConditionType
+from ...api.status import Workers
 from ..conditions import is_true
 from .context import Context, Decision
 

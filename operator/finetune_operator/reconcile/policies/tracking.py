@@ -10,9 +10,9 @@ word; records it could not send before the job ended are a Warning (`TrackingInc
 
 from __future__ import annotations
 
+from ...api import reasons as R
 from ...api.status import Result
 from ...api.tracking import TrackingResult
-from .. import reasons as R
 from ..tracking import TrackingReport
 from .context import Context, StatusBuilder
 

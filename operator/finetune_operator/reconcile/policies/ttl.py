@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from ...api.status import ConditionType
-from .. import reasons as R
+from ...api import reasons as R
+from ...api.reasons import ConditionType
+from ...api.timestamps import parse_timestamp
 from ..conditions import get, is_true
-from .context import Context, Decision, Event, parse_timestamp
+from .context import Context, Decision, Event
 
 
 def decide(ctx: Context) -> Decision | None:

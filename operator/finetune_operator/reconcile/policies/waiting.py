@@ -6,8 +6,8 @@ Warning Event about the pod: FailedAttachVolume, FailedMount, ...)."""
 
 from __future__ import annotations
 
-from ...api.status import ConditionType
-from .. import reasons as R
+from ...api import reasons as R
+from ...api.reasons import ConditionType
 from ..conditions import is_true
 from .context import Context, Decision
 
