@@ -10,7 +10,7 @@ import pytest
 
 from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_operator.api.status import PlanStatus, Progress
-from finetune_operator.reconcile.lifecycle import PlanFailed
+from finetune_operator.reconcile.decision import PlanFailed
 from tests.support.lifecycle import NOW, exited, job_with, pod, reasons, run, step, ts
 
 

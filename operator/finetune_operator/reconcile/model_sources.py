@@ -44,8 +44,8 @@ from ..render.model_inspector import (
     record_name,
 )
 from ..render.options import DEFAULT_HUB_ENDPOINT, RenderOptions
+from .decision import PlanFailed, PlanPending
 from .observed import PodView
-from .policies.context import PlanFailed, PlanPending
 
 log = logging.getLogger("finetune_operator")
 
