@@ -285,7 +285,7 @@ def test_transition_times_move_only_on_flips() -> None:
     second = run(job, [pod(0), pod(1)], now=later)
     running = next(c for c in second.status.conditions if c.type == "Running")
     assert running.last_transition_time == ts(NOW)
-    assert second.status == first.status or second.events == []
+    assert second.status == first.status or second.events == ()
 
 
 def test_odd_pod_bodies_do_not_crash() -> None:

@@ -155,7 +155,7 @@ def test_every_policy_module_is_a_phase_of_the_lifecycle() -> None:
     modules = {m.name for m in pkgutil.iter_modules(policies.__path__)} - {"child_write", "tracking"}
     named = vars(lifecycle).values()
     used = {v.__name__ for v in named if isinstance(v, ModuleType)}
-    used |= {v.__module__ for v in named if callable(v) and getattr(v, "__module__", "")}
+    used |= {m for v in named if callable(v) and isinstance(m := getattr(v, "__module__", None), str)}
     assert {f"{policies.__name__}.{m}" for m in modules} <= used
     assert [p.__module__.rsplit(".", 1)[-1] for p in lifecycle.WORKER_POLICIES] == [
         "success",

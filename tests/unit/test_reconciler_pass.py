@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from finetune_operator.api.status import FineTuneJobStatus
-from finetune_operator.reconcile import runner
+from finetune_operator.reconcile import lifecycle, runner
 from finetune_operator.reconcile.observed import observe
 from finetune_operator.reconcile.runner import Reconciler
 from finetune_operator.render.options import RenderOptions
@@ -72,7 +72,7 @@ def test_every_time_a_pass_writes_is_its_one_reading_of_the_clock() -> None:
 def test_a_pass_serialises_each_status_it_decides_once(monkeypatch: pytest.MonkeyPatch) -> None:
     store, reconciler, _, sts = _started()
     serialised, decided = 0, 0
-    to_wire, decide = FineTuneJobStatus.to_wire, runner.decide
+    to_wire, decide = FineTuneJobStatus.to_wire, lifecycle.decide
 
     def counting_to_wire(status: FineTuneJobStatus) -> dict[str, Any]:
         nonlocal serialised
