@@ -40,7 +40,7 @@ class TerminationReason(StrEnum):
     OUT_OF_MEMORY = reasons.OUT_OF_MEMORY
     DATA_ERROR = "DataError"
     DATA_UNAVAILABLE = "DataUnavailable"
-    MODEL_NOT_FOUND = "ModelNotFound"
+    MODEL_NOT_FOUND = reasons.MODEL_NOT_FOUND
     CONFIG_ERROR = "ConfigError"
     TRAINING_ERROR = "TrainingError"
     TERMINATED = "Terminated"
