@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from finetune_operator.reconcile.cluster_io import Conflict
-from finetune_operator.reconcile.policies.context import Event
+from finetune_operator.reconcile.decision import Event
 from finetune_operator.reconcile.runner import EventSink, Reconciler
 from finetune_operator.render.options import RenderOptions
 from tests.factories import job_document

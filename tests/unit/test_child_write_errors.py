@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from finetune_operator.reconcile.cluster_io import NOT_OURS, ChildWriteError
+from finetune_operator.reconcile.decision import Event
 from finetune_operator.reconcile.observed import Observed
-from finetune_operator.reconcile.policies.context import Event
 from tests.support.cluster import FakeCluster, reconciler_on, stored_job
 
 

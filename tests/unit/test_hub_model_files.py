@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 
 from finetune_localcluster.hub_server import HubServer
-from finetune_operator.api.model_inspection import (
+from finetune_operator.api.model_inspection import ModelInspection
+from finetune_operator.api.model_uri import HubModel, claim_model, hub_model
+from finetune_operator.api.reasons import (
     HUB_UNREACHABLE,
     MODEL_ACCESS_DENIED,
     MODEL_GATED,
     MODEL_NOT_FOUND,
     NOT_CAUSAL_LM,
     UNKNOWN_MODEL_TYPE,
-    ModelInspection,
 )
-from finetune_operator.api.model_uri import HubModel, claim_model, hub_model
 from finetune_operator.plan.model_files import read_folder, read_hub
 
 pytestmark = pytest.mark.timeout(60)

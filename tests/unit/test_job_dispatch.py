@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from finetune_operator.api.status import FineTuneJobStatus, State
+from finetune_operator.api.reasons import State
+from finetune_operator.api.status import FineTuneJobStatus
 from finetune_operator.handlers.dispatch import POKE_DELAY_SECONDS, HandlerSettings, JobHandlers, next_pass
-from finetune_operator.reconcile.lifecycle import Decision
+from finetune_operator.reconcile.decision import Decision
 from finetune_operator.reconcile.observed import Observed, PodView, WorkersView
 from finetune_operator.reconcile.runner import Outcome
 from finetune_operator.render.identity import JOB_NAME_LABEL
@@ -44,7 +45,7 @@ class RecordingReconciler:
     def reconcile(self, body: Mapping[str, Any], observed: Observed, apply_all: bool = False) -> Outcome:
         with self.lock:
             self.calls.append(Call(dict(body), observed, apply_all))
-        decision = Decision(FineTuneJobStatus(state=self.state), replicas=1, plan=None)
+        decision = Decision(status=FineTuneJobStatus(state=self.state), replicas=1, plan=None)
         return Outcome(decision, False, False, self.requeue_after)
 
     def forget(self, uid: str) -> None:
@@ -280,6 +281,6 @@ def test_an_active_job_is_passed_again_after_the_interval(clock: FakeClock) -> N
     ],
 )
 def test_next_pass(state: State, requeue_after: float | None, expected: float) -> None:
-    decision = Decision(FineTuneJobStatus(state=state), replicas=1, plan=None)
+    decision = Decision(status=FineTuneJobStatus(state=state), replicas=1, plan=None)
     outcome = Outcome(decision, False, False, requeue_after)
     assert next_pass(outcome, HandlerSettings(interval_seconds=5.0, resync_seconds=300.0)) == expected

@@ -10,7 +10,7 @@ import pytest
 
 from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_operator.api.status import PlanStatus, Progress
-from finetune_operator.reconcile.lifecycle import PlanFailed
+from finetune_operator.reconcile.decision import PlanFailed
 from tests.support.lifecycle import NOW, exited, job_with, pod, reasons, run, step, ts
 
 
@@ -285,7 +285,7 @@ def test_transition_times_move_only_on_flips() -> None:
     second = run(job, [pod(0), pod(1)], now=later)
     running = next(c for c in second.status.conditions if c.type == "Running")
     assert running.last_transition_time == ts(NOW)
-    assert second.status == first.status or second.events == []
+    assert second.status == first.status or second.events == ()
 
 
 def test_odd_pod_bodies_do_not_crash() -> None:

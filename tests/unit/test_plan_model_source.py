@@ -69,7 +69,7 @@ def test_local_directory_with_config_json(tmp_path: Path) -> None:
 
 
 def test_the_operator_never_reads_an_absolute_model_path_on_its_own_filesystem(tmp_path: Path) -> None:
-    from finetune_operator.reconcile.lifecycle import PlanFailed
+    from finetune_operator.reconcile.decision import PlanFailed
     from finetune_operator.reconcile.runner import plan_or_fail
 
     config = resolve_reference("llama-2-7b").config | {"num_hidden_layers": 2}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pkgutil
+from types import ModuleType
 
 import pytest
 
@@ -15,7 +16,7 @@ from finetune_operator.api.pod_contract import (
     is_out_of_memory_text,
     reason_of_line,
 )
-from finetune_operator.reconcile import lifecycle, policies, reasons
+from finetune_operator.reconcile import lifecycle, policies, termination
 from finetune_operator.reconcile.observed import Termination
 
 
@@ -38,7 +39,7 @@ def test_the_trainers_summary_becomes_status_result_field_for_field() -> None:
         exact_match_before=0.0,
         skipped_records=3,
     )
-    read = reasons.summary_of(term(written.to_message(), code=0, reason="Completed"))
+    read = termination.summary_of(term(written.to_message(), code=0, reason="Completed"))
     assert read == written
     result = read.to_result()
     assert (result.adapter_uri, result.merged_model_uri) == ("/mnt/pvc/out/adapter", "/mnt/pvc/out/merged")
@@ -63,12 +64,12 @@ def test_a_full_fine_tuning_summary_points_the_result_at_the_model() -> None:
     ],
 )
 def test_what_is_not_a_summary_gives_no_result(message: str) -> None:
-    assert reasons.summary_of(term(message, code=0)) is None
+    assert termination.summary_of(term(message, code=0)) is None
 
 
 def test_keys_a_newer_trainer_adds_are_ignored() -> None:
     message = json.dumps({"steps": 3, "tokens": 9, "finalLoss": 1.5, "somethingNew": {"x": 1}})
-    summary = reasons.summary_of(term(message, code=0))
+    summary = termination.summary_of(term(message, code=0))
     assert summary is not None and summary.steps == 3 and summary.final_loss == 1.5
 
 
@@ -76,12 +77,12 @@ def test_keys_a_newer_trainer_adds_are_ignored() -> None:
 def test_every_reason_is_read_back_and_only_input_errors_are_not_retried(reason: TerminationReason) -> None:
     line = f"{reason}: something happened (rank 1)"
     assert reason_of_line(line) == reason
-    assert reasons.not_retried(term(line)) == (reason if reason in NOT_RETRIED else None)
+    assert termination.not_retried(term(line)) == (reason if reason in NOT_RETRIED else None)
 
 
 def test_a_reason_in_the_middle_of_a_line_is_not_the_root_cause() -> None:
     assert reason_of_line("RuntimeError: DataError: inside") is None
-    assert reasons.not_retried(term("Traceback ...\nValueError: DataError: x")) is None
+    assert termination.not_retried(term("Traceback ...\nValueError: DataError: x")) is None
 
 
 @pytest.mark.parametrize(
@@ -97,7 +98,7 @@ def test_both_sides_recognise_the_same_out_of_memory_errors(text: str) -> None:
     from finetune_trainer import outcome
 
     assert is_out_of_memory_text(text) and outcome.is_oom_text(text)
-    assert reasons.is_out_of_memory(term(text))
+    assert termination.is_out_of_memory(term(text))
 
 
 @pytest.mark.parametrize(
@@ -112,12 +113,12 @@ def test_an_rdma_registration_failure_is_a_network_error_on_both_sides(text: str
     from finetune_trainer import outcome
 
     error = RuntimeError(f"NCCL error in: ProcessGroupNCCL.cpp:3356, unhandled system error; {text}")
-    assert not is_out_of_memory_text(text) and not reasons.is_out_of_memory(term(str(error)))
+    assert not is_out_of_memory_text(text) and not termination.is_out_of_memory(term(str(error)))
     assert outcome.classify(error) == TerminationReason.NETWORK_ERROR
     line = outcome.failure_line(error, 3)
     assert line.startswith("NetworkError: NCCL could not register memory") and "RLIMIT_MEMLOCK" in line
     assert "ibv_" in line and line.endswith("(rank 3)")
-    assert not reasons.is_out_of_memory(term(line))
+    assert not termination.is_out_of_memory(term(line))
 
 
 def test_a_sigkill_line_is_not_out_of_memory() -> None:
@@ -148,9 +149,16 @@ def test_checkpoint_state_round_trips_the_strategy_that_wrote_it() -> None:
     assert zero3.global_batch == 8
 
 
-def test_every_policy_module_is_in_the_lifecycle() -> None:
-    # child_write amends a decision after a child could not be written: the runner calls it
-    modules = {m.name for m in pkgutil.iter_modules(policies.__path__)} - {"context", "child_write"}
-    registered = {p.__module__.rsplit(".", 1)[-1] for p in lifecycle.POLICIES}
-    assert registered == modules
-    assert lifecycle.POLICIES[-1].__module__.endswith(".waiting")
+def test_every_policy_module_is_a_phase_of_the_lifecycle() -> None:
+    # child_write amends a decision after a child could not be written: the runner calls it;
+    # tracking records rank 0's report with the gang verdict
+    modules = {m.name for m in pkgutil.iter_modules(policies.__path__)} - {"child_write", "tracking"}
+    named = vars(lifecycle).values()
+    used = {v.__name__ for v in named if isinstance(v, ModuleType)}
+    used |= {m for v in named if callable(v) and isinstance(m := getattr(v, "__module__", None), str)}
+    assert {f"{policies.__name__}.{m}" for m in modules} <= used
+    assert [p.__module__.rsplit(".", 1)[-1] for p in lifecycle.WORKER_POLICIES] == [
+        "success",
+        "failure",
+        "config_change",
+    ]

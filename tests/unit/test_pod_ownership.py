@@ -11,7 +11,7 @@ import copy
 import json
 from typing import Any
 
-from finetune_operator.api.status import State
+from finetune_operator.api.reasons import State
 from finetune_operator.reconcile.lifecycle import decide
 from finetune_operator.reconcile.observed import Observed, owned, pod_view, workers_view
 from tests.support.cluster import FakeCluster, reconciler_on, stored_job

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from finetune_operator.reconcile.lifecycle import Decision, decide
+from finetune_operator.reconcile.decision import Decision
+from finetune_operator.reconcile.lifecycle import decide
 from finetune_operator.reconcile.observed import Observed, WorkloadView, observe, owned, workload_view
 from finetune_operator.reconcile.policies.queueing import finished_status, released_status
 from finetune_operator.render.manifests import render_all

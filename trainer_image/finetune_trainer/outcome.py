@@ -25,13 +25,13 @@ from typing import Any
 from finetune_operator.api.pod_contract import (
     MAX_MESSAGE_LINE,
     NETWORK_HINT,
+    TERMINATION_LOG,
     TerminationReason,
     TrainingSummary,
     is_out_of_memory_text,
     is_rdma_registration_text,
 )
 
-TERMINATION_LOG = "/dev/termination-log"
 OUT_OF_MEMORY = TerminationReason.OUT_OF_MEMORY
 DATA_ERROR = TerminationReason.DATA_ERROR
 DATA_UNAVAILABLE = TerminationReason.DATA_UNAVAILABLE

@@ -16,26 +16,13 @@ from typing import Annotated, Any
 
 from pydantic import Field, ValidationError
 
+from . import reasons as R
 from .base import ApiModel
 
-MODEL_NOT_FOUND = "ModelNotFound"
-"""No such repo, revision, claim folder or config.json; or no safetensors weights."""
-MODEL_GATED = "ModelGated"
-"""A gated (or private) hub model and no token: the fix names spec.hfTokenSecretRef."""
-MODEL_ACCESS_DENIED = "ModelAccessDenied"
-"""The hub refused the job's token, or its account has no access to the gated model."""
-HUB_UNREACHABLE = "HubUnreachable"
-"""The endpoint did not answer (connection, timeout, 5xx): retried with backoff, the job waits."""
-NOT_CAUSAL_LM = "NotCausalLM"
-"""The config describes no causal language model (e.g. an encoder)."""
-UNKNOWN_MODEL_TYPE = "UnknownModelType"
-"""The model_type is unknown to the trainer image's transformers."""
-INSPECTION_FAILED = "ModelInspectionFailed"
-"""The inspector pod failed without a verdict (it crashed, or its answer could not be read)."""
-
-FAILURE_REASONS = (MODEL_NOT_FOUND, MODEL_GATED, MODEL_ACCESS_DENIED, HUB_UNREACHABLE, NOT_CAUSAL_LM,
-                   UNKNOWN_MODEL_TYPE, INSPECTION_FAILED)  # fmt: skip
-RETRIED = (HUB_UNREACHABLE,)
+FAILURE_REASONS = (R.MODEL_NOT_FOUND, R.MODEL_GATED, R.MODEL_ACCESS_DENIED, R.HUB_UNREACHABLE, R.NOT_CAUSAL_LM,
+                   R.UNKNOWN_MODEL_TYPE, R.INSPECTION_FAILED)  # fmt: skip
+"""Why a model could not be read (each named in `api/reasons.py`): the job's condition reason."""
+RETRIED = (R.HUB_UNREACHABLE,)
 """Failures that are waited out; every other one fails the job."""
 
 MARKER = "ftjob-model-inspection/v1"
@@ -72,9 +59,8 @@ class ModelInspection(ApiModel):
             text = f"{MARKER}\n{base64.b64encode(gzip.compress(wire, mtime=0)).decode()}"
             if len(text) <= MAX_MESSAGE_BYTES:
                 return text
-        failure = ModelInspection.failed(
-            self.origin, INSPECTION_FAILED, f"{self.origin}: config.json is too large to hand back ({len(wire)} bytes)"
-        )
+        too_large = f"{self.origin}: config.json is too large to hand back ({len(wire)} bytes)"
+        failure = ModelInspection.failed(self.origin, R.INSPECTION_FAILED, too_large)
         return failure.to_message()
 
     @classmethod

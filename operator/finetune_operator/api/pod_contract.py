@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, ValidationError
 
+from . import reasons
 from .base import ApiModel
 from .status import Result
 from .tracking import TrackingResult
@@ -29,15 +30,17 @@ JOB_FILE = "job.json"
 PLAN_FILE = "plan.json"
 DEEPSPEED_FILE = "deepspeed.json"
 HOSTFILE = "hostfile"
+TERMINATION_LOG = "/dev/termination-log"
+"""Where a trainer container writes its termination message (the pod's `terminationMessagePath`)."""
 
 
 class TerminationReason(StrEnum):
     """The first word of a failed trainer's termination message: `<Reason>: <message>`."""
 
-    OUT_OF_MEMORY = "OutOfMemory"
+    OUT_OF_MEMORY = reasons.OUT_OF_MEMORY
     DATA_ERROR = "DataError"
     DATA_UNAVAILABLE = "DataUnavailable"
-    MODEL_NOT_FOUND = "ModelNotFound"
+    MODEL_NOT_FOUND = reasons.MODEL_NOT_FOUND
     CONFIG_ERROR = "ConfigError"
     TRAINING_ERROR = "TrainingError"
     TERMINATED = "Terminated"

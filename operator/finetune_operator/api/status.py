@@ -7,36 +7,13 @@ can show it; everything else mirrors what the operator planned and observed.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Annotated
 
 from pydantic import Field
 
 from .base import ApiModel
+from .reasons import State
 from .tracking import TrackingResult
-
-
-class ConditionType(StrEnum):
-    PLANNED = "Planned"
-    QUEUED = "Queued"
-    RUNNING = "Running"
-    RESTARTING = "Restarting"
-    SUSPENDED = "Suspended"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-
-
-class State(StrEnum):
-    """Headline of the conditions, for printer columns."""
-
-    PENDING = "Pending"
-    PLANNED = "Planned"
-    QUEUED = "Queued"
-    RUNNING = "Running"
-    RESTARTING = "Restarting"
-    SUSPENDED = "Suspended"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
 
 
 class Condition(ApiModel):

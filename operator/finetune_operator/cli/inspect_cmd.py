@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..api.model_inspection import NOT_CAUSAL_LM, UNKNOWN_MODEL_TYPE, ModelInspection
+from ..api.model_inspection import ModelInspection
 from ..api.model_uri import HubModel
+from ..api.reasons import NOT_CAUSAL_LM, UNKNOWN_MODEL_TYPE
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from ..api.status import State
+from ..api.reasons import State
 from ..reconcile.observed import Observed, owned
 from ..reconcile.runner import Outcome
 from ..reconcile.workqueue import Clock, WorkQueue

@@ -23,7 +23,7 @@ from kubernetes import client
 
 from ..api.job import GROUP, PLURAL, VERSION
 from ..reconcile.cluster_io import KUEUE_GROUP, KUEUE_VERSION
-from ..reconcile.lifecycle import Event
+from ..reconcile.decision import Event
 from ..reconcile.observed import pod_view, workers_view, workload_view
 from ..reconcile.runner import Reconciler
 from ..render.identity import JOB_NAME_LABEL

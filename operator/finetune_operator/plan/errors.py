@@ -7,11 +7,13 @@ callers never have to pattern-match on messages.
 
 from __future__ import annotations
 
+from ..api import reasons
+
 
 class PlanningError(ValueError):
     """Base of every planner failure; the message is meant for the user, as is."""
 
-    condition_reason = "InvalidSpec"
+    condition_reason = reasons.INVALID_SPEC
 
 
 class InvalidModelError(PlanningError):
@@ -33,7 +35,7 @@ class UnsupportedSettingError(PlanningError):
 class DoesNotFitError(PlanningError):
     """No candidate strategy fits in GPU (and host) memory; says what would."""
 
-    condition_reason = "DoesNotFit"
+    condition_reason = reasons.DOES_NOT_FIT
 
     def __init__(self, message: str, suggestions: list[str]) -> None:
         lines = [message] + [f"  - {s}" for s in suggestions]

@@ -17,15 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..api.model_cache import DOWNLOADED_PATTERNS
-from ..api.model_inspection import (
-    HUB_UNREACHABLE,
-    MODEL_ACCESS_DENIED,
-    MODEL_GATED,
-    MODEL_NOT_FOUND,
-    NOT_CAUSAL_LM,
-    ModelInspection,
-)
+from ..api.model_inspection import ModelInspection
 from ..api.model_uri import HubModel
+from ..api.reasons import HUB_UNREACHABLE, MODEL_ACCESS_DENIED, MODEL_GATED, MODEL_NOT_FOUND, NOT_CAUSAL_LM
 
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 """Class-name endings of the architectures transformers' AutoModelForCausalLM builds."""

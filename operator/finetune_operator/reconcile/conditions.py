@@ -7,7 +7,8 @@ stored on its own.
 
 from __future__ import annotations
 
-from ..api.status import Condition, ConditionType, State
+from ..api.reasons import ConditionType, State
+from ..api.status import Condition
 
 ORDER = [t.value for t in ConditionType]
 

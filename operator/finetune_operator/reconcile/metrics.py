@@ -12,7 +12,8 @@ from collections import Counter as Tally
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from ..api.status import State
+from ..api import reasons as R
+from ..api.reasons import State
 
 CONTROLLER = "finetunejob"
 RESULTS = ("success", "error", "requeue", "requeue_after")
@@ -41,7 +42,7 @@ def initialise(namespaces: tuple[str, ...] = ()) -> None:
     RECONCILE_ERRORS.labels(CONTROLLER)
     RECONCILE_TIME.labels(CONTROLLER)
     ACTIVE_WORKERS.labels(CONTROLLER).set(0)
-    REPLANS.labels("OutOfMemory")
+    REPLANS.labels(R.OUT_OF_MEMORY)
     BUILD_INFO.labels(VERSION).set(1)
     for namespace in namespaces:
         RESTARTS.labels(namespace)

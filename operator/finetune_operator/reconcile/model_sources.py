@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.job import FineTuneJob
-from ..api.model_inspection import HUB_UNREACHABLE, INSPECTION_FAILED, RETRIED, ModelInspection
+from ..api.model_inspection import RETRIED, ModelInspection
 from ..api.model_uri import HubModel, claim_model, hub_model
+from ..api.reasons import HUB_UNREACHABLE, INSPECTING_MODEL, INSPECTION_FAILED
 from ..plan.errors import PlanningError
 from ..plan.model_files import read_hub
 from ..plan.model_source import ModelSource, from_inspection, resolve_reference
@@ -44,12 +45,11 @@ from ..render.model_inspector import (
     record_name,
 )
 from ..render.options import DEFAULT_HUB_ENDPOINT, RenderOptions
+from .decision import PlanFailed, PlanPending
 from .observed import PodView
-from .policies.context import PlanFailed, PlanPending
 
 log = logging.getLogger("finetune_operator")
 
-INSPECTING = "InspectingModel"
 BRANCH_TTL_SECONDS = 600.0
 """How long a read of a branch or tag (not a commit) is reused: the branch may move."""
 BACKOFF_SECONDS = (5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0)
@@ -251,7 +251,7 @@ class ModelSources:
         with self._lock:
             refused = self._write_errors.pop(uid, None)
         if refused is not None:
-            raise PlanPending(INSPECTING, f"cannot create the inspector pod {name}: {refused}", POLL_SECONDS * 6)
+            raise PlanPending(INSPECTING_MODEL, f"cannot create the inspector pod {name}: {refused}", POLL_SECONDS * 6)
         if pod is not None and pod.model_request != request and not pod.deleting:
             self._queue(job).delete.append((pod.name, pod.uid))  # inspected an older spec
             pod = None
@@ -260,14 +260,14 @@ class ModelSources:
             if waiting is not None:
                 raise waiting
             self._queue(job).apply.append(inspector_pod(job, self.options))
-            raise PlanPending(INSPECTING, f"pod {name} reads config.json from {where}", POLL_SECONDS)
+            raise PlanPending(INSPECTING_MODEL, f"pod {name} reads config.json from {where}", POLL_SECONDS)
         if pod.deleting:
-            raise PlanPending(INSPECTING, f"waiting for the previous inspector pod {name} to stop", POLL_SECONDS)
+            raise PlanPending(INSPECTING_MODEL, f"waiting for the previous inspector pod {name} to stop", POLL_SECONDS)
         term = pod.terminated
         if term is None:
             stuck = pod.unschedulable or pod.waiting or pod.warning
             detail = f"; {stuck}" if stuck else ""
-            raise PlanPending(INSPECTING, f"pod {name} reads config.json from {where}{detail}", POLL_SECONDS)
+            raise PlanPending(INSPECTING_MODEL, f"pod {name} reads config.json from {where}{detail}", POLL_SECONDS)
         self._queue(job).delete.append((pod.name, pod.uid))
         result = ModelInspection.from_message(term.message)
         if result is None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import urllib.request
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..api.status import Progress
+from ..api.timestamps import timestamp
 
 WANTED = {
     "finetune_train_global_step": "step",
@@ -116,5 +117,5 @@ def to_progress(now: datetime, current: Sample, previous: Sample | None) -> Prog
         skipped_records=int(v["skipped"]) if "skipped" in v else None,
         resumed_from_step=resumed,
         checkpoint_converted=bool(v.get("converted")) if resumed is not None else None,
-        last_update_time=now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        last_update_time=timestamp(now),
     )

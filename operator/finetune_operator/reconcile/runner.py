@@ -1,10 +1,11 @@
 """One reconciliation of one FineTuneJob: parse → plan → render → apply → status.
 
 Every pass of the work queue (after a job, pod or StatefulSet event, or when a pass
-asked to run again) calls `Reconciler.reconcile`. It decides on the cached body first;
-only when the decision has an effect does it re-read the job, decide again on the fresh
-object and write, so an idle job costs no API calls and a stale cache never
-double-counts a restart.
+asked to run again) calls `Reconciler.reconcile`. It reads the clock once and decides on the
+cached body first; only when the decision has an effect does it act, and before acting on a
+running gang it re-reads the job and decides again on the fresh object, so an idle job costs
+no API calls and a stale cache never double-counts a restart. `_reconcile` lists the phases
+of acting in order; the status goes out through one function, serialised once per decision.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from ..api import FineTuneJob, describe
+from ..api import reasons as R
+from ..api.reasons import ConditionType
 from ..api.spec import FineTuneJobSpec
 from ..api.status import FineTuneJobStatus, PlanStatus
+from ..api.timestamps import parse_timestamp
 from ..plan import choose_plan, next_frugal_plan
 from ..plan.errors import PlanningError
 from ..plan.model_source import ModelSource
@@ -30,16 +33,14 @@ from ..plan.scheduling_policy import SchedulingPolicy
 from ..plan.storage import check_shared_storage, written_claims
 from ..render.manifests import gang_hash, render_all
 from ..render.options import RenderOptions
-from ..render.workload import priority_class_of, with_priority
 from . import metrics
-from . import reasons as R
 from .cluster_io import ChildWriteError, ClusterIO, Conflict, status_patch
-from .lifecycle import Decision, Event, PlanFailed, decide
+from .decision import Decided, Decision, Event, PlanFailed, StatusChange, serialised
+from .kueue_writes import KueueWrites
+from .lifecycle import decide
 from .model_sources import HubSettings, ModelSources
 from .observed import Observed
-from .policies.child_write import after_write_error
-from .policies.context import parse_timestamp, timestamp
-from .policies.queueing import finished_status, released_status
+from .policies import child_write
 from .progress import Sample, fetch, parse, to_progress
 from .salvage import invalid_spec_status, salvage_status
 from .tracking import TrackingReport, parse_report
@@ -47,10 +48,11 @@ from .tracking import TrackingReport, parse_report
 log = logging.getLogger("finetune_operator")
 EventSink = Callable[[Mapping[str, Any], Event], None]
 PROGRESS_EVERY_SECONDS = 3.0
+"""How often rank 0's metrics are read (one small HTTP GET per running job)."""
 WARNING_AFTER_SECONDS = 20.0
 """A pod not running this long gets its newest Warning Event read (FailedAttachVolume, ...)."""
 WARNING_EVERY_SECONDS = 15.0
-"""How often rank 0's metrics are read (one small HTTP GET per running job)."""
+"""How often a waiting pod's newest Warning Event is read again."""
 
 
 def plan_or_fail(
@@ -69,12 +71,6 @@ def plan_or_fail(
         return choose_plan(spec, local_files=False, source=source())
     except PlanningError as exc:
         raise PlanFailed(exc.condition_reason, str(exc)) from exc
-
-
-KUEUE_NOT_SERVED = (
-    "404: this cluster does not serve Kueue's Workload API (kueue.x-k8s.io/v1beta2): install Kueue, or run "
-    "the job without a queue (remove spec.queueName)"
-)
 
 
 @dataclass
@@ -98,9 +94,13 @@ class Reconciler:
         sink: EventSink,
         policy: SchedulingPolicy = SchedulingPolicy(),  # noqa: B008 (frozen)
         hub: HubSettings = HubSettings(offline=True),  # noqa: B008 (frozen)
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         """`hub`: where public hub models are read (`ftjob operator` passes its flags; offline by default)."""
         self.cluster = cluster
+        self.clock = clock
+        """Read once per pass: every time a pass writes or compares comes from that one reading."""
         self.options = options
         self.policy = policy
         self.sink = sink
@@ -113,7 +113,7 @@ class Reconciler:
         self._hashes: dict[str, tuple[tuple[str, str], str]] = {}
         self._written: dict[str, str] = {}
         self._warnings: dict[str, tuple[float, str | None]] = {}
-        self._flavors: dict[str, dict[str, str]] = {}
+        self.kueue = KueueWrites(cluster)
 
     def _desired_hash(self, job: FineTuneJob, plan: PlanStatus) -> str:
         """`gang_hash`, remembered per job: it renders every config file, and each pass needs it."""
@@ -160,65 +160,93 @@ class Reconciler:
         return outcome
 
     def _reconcile(self, body: dict[str, Any], observed: Observed, apply_all: bool) -> Outcome:
+        """One pass, in its phases: decide, and carry out what reading the model asked for; stop if
+        idle; decide again on the newest job before acting on a running gang; store the verdict
+        before scaling the gang away; apply the children; Kueue's Workload; the status, then
+        deletions and events."""
+        now = self.clock()
         meta = body.get("metadata", {})
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
-        decision, job = self._decide(body, observed)
-        if job is None:
-            return self._write_invalid(body, namespace, name, decision)
-        self._settle_model(job)
-        effects = self._has_effects(body, job, observed, decision) or apply_all
-        if not effects:
-            self.census.record(job.metadata.uid or "", namespace, decision.status.state)
-            return Outcome(decision, False, False, decision.requeue_after)
-        fresh: Mapping[str, Any] = body
-        changes_gang = observed.workers is not None and self._needs_apply(job, observed, decision)
-        if decision.delete_pods or decision.delete_job or changes_gang:
-            # destructive, or re-rendering running workers: decide again on the newest object,
-            # never on a cache that may lag our own last status write (that would restart a gang
-            # twice for one failure, or put back the plan a re-plan after an OOM replaced)
+        decided = self._decide(body, observed, now)
+        if not isinstance(decided, Decided):
+            return self._write_invalid(decided, namespace)
+        self._settle_model(decided.job)
+        if not (apply_all or self._has_effects(decided, observed)):
+            self.census.record(decided.job.metadata.uid or "", namespace, decided.decision.status.state)
+            return Outcome(decided.decision, False, False, decided.decision.requeue_after)
+        if self._acts_on_running_gang(decided, observed):
+            # decide again on the newest object, never on a cache that may lag our own last status
+            # write (that would restart a gang twice for one failure, or put back the plan a re-plan
+            # after an OOM replaced)
             newest = self.cluster.read_job(namespace, name)
             if newest is None:
                 return Outcome(None, False, False, None)
-            fresh = newest
-            decision, job = self._decide(fresh, observed)
-            if job is None:
-                return self._write_invalid(fresh, namespace, name, decision)
-            self._settle_model(job)
-        applied = early_events = False
-        if _scales_to_zero(observed, decision) and (fresh.get("status") or {}) != decision.status.to_wire():
-            # The verdict first: a finished gang's exit codes live only in its pods, which the
-            # scale-down deletes. An operator killed between the two would find neither.
-            if not self._write_status(fresh, decision):
-                return Outcome(decision, False, False, None)  # lost a race: the next pass decides again
-            fresh, early_events = self._as_written(fresh, decision), True
-        if decision.plan is not None and (apply_all or self._needs_apply(job, observed, decision)):
-            gang = self._desired_hash(job, decision.plan)
-            objects = render_all(
-                job, decision.plan, self.options, decision.replicas, gang, placement=decision.placement
-            )
-            try:
-                self.cluster.apply(objects, job.metadata.uid or "")
-                applied = True
-            except ChildWriteError as exc:
-                log.warning("job %s/%s: %s", namespace, name, exc)
-                decision = after_write_error(job, decision, exc, datetime.now(UTC))
-        decision = self._write_workload(job, observed, decision)
-        # The status (the counted failure, its fingerprint, the new plan) is written before the
-        # failed pods are deleted: an operator killed in between then finds the same failure
-        # already counted and only deletes, instead of finding new pods and no trace of it.
-        unchanged = (fresh.get("status") or {}) == decision.status.to_wire()
-        wrote = self._write_status(fresh, decision) or early_events
+            decided = self._decide(newest, observed, now)
+            if not isinstance(decided, Decided):
+                return self._write_invalid(decided, namespace)
+            self._settle_model(decided.job)
+        stored_first = False
+        if _scales_to_zero(observed, decided.decision) and decided.changed:
+            stored = self._store_verdict(decided)
+            if stored is None:
+                return Outcome(decided.decision, False, False, None)  # lost a race: the next pass decides again
+            decided, stored_first = stored, True
+        decided, applied = self._apply_children(decided, apply_all, now)
+        decided = self._write_workload(decided, observed, now)
+        return self._write_and_delete(decided, observed, stored_first, applied)
+
+    def _store_verdict(self, decided: Decided) -> Decided | None:
+        """The verdict first: a finished gang's exit codes live only in its pods, which the
+        scale-down deletes, so an operator killed between the two would find neither. Returns
+        the job as written, or None when the write lost a race."""
+        if not self._write_status(decided):
+            return None
+        return self._as_written(decided)
+
+    def _apply_children(self, decided: Decided, apply_all: bool, now: datetime) -> tuple[Decided, bool]:
+        """Render and server-side apply the children; a child that cannot be written becomes the
+        decision's status (`child_write.amend`). Returns the decision and whether it applied."""
+        job, decision = decided.job, decided.decision
+        if decision.plan is None or not (apply_all or decided.needs_apply):
+            return decided, False
+        gang = self._desired_hash(job, decision.plan)
+        objects = render_all(job, decision.plan, self.options, decision.replicas, gang, placement=decision.placement)
+        try:
+            self.cluster.apply(objects, job.metadata.uid or "")
+        except ChildWriteError as exc:
+            log.warning("job %s/%s: %s", job.namespace, job.name, exc)
+            return decided.amended(child_write.amend(job, decision, exc, now)), False
+        return decided, True
+
+    def _write_workload(self, decided: Decided, observed: Observed, now: datetime) -> Decided:
+        """Kueue's side of the decision; a Workload that cannot be created becomes its status."""
+        try:
+            self.kueue.write(decided.job, decided.decision, observed.workload, now)
+        except ChildWriteError as exc:
+            log.warning("job %s/%s: %s", decided.job.namespace, decided.job.name, exc)
+            return decided.amended(child_write.amend(decided.job, decided.decision, exc, now))
+        return decided
+
+    def _write_and_delete(self, decided: Decided, observed: Observed, stored_first: bool, applied: bool) -> Outcome:
+        """The status, then the deletions it accounts for, then the events of what was written.
+
+        The status (the counted failure, its fingerprint, the new plan) is written before the
+        failed pods are deleted: an operator killed in between then finds the same failure
+        already counted and only deletes, instead of finding new pods and no trace of it."""
+        decision, body, job = decided.decision, decided.body, decided.job
+        unchanged = not decided.changed
+        wrote = self._write_status(decided) or stored_first
         if decision.delete_pods and (wrote or unchanged):
-            self.cluster.delete_pods(namespace, [(p.name, p.uid) for p in observed.pods if not p.deleting])
+            self.cluster.delete_pods(job.namespace, [(p.name, p.uid) for p in observed.pods if not p.deleting])
         if wrote:
             for event in decision.events:
-                self._count(namespace, event)
-                self.sink(fresh, event)
+                self._count(job.namespace, event)
+                self.sink(body, event)
         if decision.delete_job:
-            self.cluster.delete_job(namespace, name)
+            self.cluster.delete_job(job.namespace, job.name)
             for event in decision.events:
-                self.sink(fresh, event)
-        self.census.record(job.metadata.uid or "", namespace, decision.status.state)
+                self.sink(body, event)
+        self.census.record(job.metadata.uid or "", job.namespace, decision.status.state)
         return Outcome(decision, wrote, applied, decision.requeue_after)
 
     def _settle_model(self, job: FineTuneJob) -> None:
@@ -243,66 +271,19 @@ class Reconciler:
             log.warning("job %s/%s: cannot re-plan: %s", job.namespace, job.name, exc)
             return None
 
-    def _write_workload(self, job: FineTuneJob, observed: Observed, decision: Decision) -> Decision:
-        """Kueue's side of a queued job: create its Workload, give back an evicted one's quota,
-        mark a finished one's Workload Finished."""
-        namespace, wl = job.namespace, observed.workload
-        now = timestamp(datetime.now(UTC))
-        if decision.workload is not None and wl is None:
-            try:
-                self.cluster.apply([self._prioritised(decision.workload, job)], job.metadata.uid or "")
-            except ChildWriteError as exc:
-                if exc.status == 404 and exc.kind == "Workload":  # the job's namespace exists: the API does not
-                    exc = ChildWriteError(exc.kind, exc.name, 404, KUEUE_NOT_SERVED)
-                log.warning("job %s/%s: %s", namespace, job.name, exc)
-                return after_write_error(job, decision, exc, datetime.now(UTC))
-        if wl is not None and decision.delete_workload:
-            self.cluster.delete_workload(namespace, wl.name, wl.uid)
-        if wl is not None and decision.release_workload:
-            self.cluster.workload_status(namespace, wl.name, wl.resource_version, released_status(wl, now))
-        if wl is not None and decision.finish_workload:
-            status = finished_status(wl, decision.finish_workload, now)
-            self.cluster.workload_status(namespace, wl.name, wl.resource_version, status)
-        return decision
-
-    def _prioritised(self, body: dict[str, Any], job: FineTuneJob) -> dict[str, Any]:
-        """The Workload with the value of the job's WorkloadPriorityClass (label `kueue.x-k8s.io/priority-class`)."""
-        priority_class = priority_class_of(job)
-        if priority_class is None:
-            return body
-        try:
-            value = self.cluster.workload_priority(priority_class)
-        except ApiException as exc:
-            raise ChildWriteError("WorkloadPriorityClass", priority_class, exc.status, str(exc.reason)) from exc
-        if value is None:
-            raise ChildWriteError("WorkloadPriorityClass", priority_class, 404, "not found: create it or fix the label")
-        return with_priority(body, priority_class, value)
-
-    def _with_flavors(self, observed: Observed) -> Observed:
-        """The admitted Workload with its flavors' nodeLabels (read from the ResourceFlavors, cached)."""
-        wl = observed.workload
-        if wl is None or not wl.admitted or not wl.flavors:
-            return observed
-        labels: dict[str, str] = {}
-        for flavor in wl.flavors:
-            if flavor not in self._flavors:
-                self._flavors[flavor] = self.cluster.flavor_node_labels(flavor)
-            labels.update(self._flavors[flavor])
-        return replace(observed, workload=replace(wl, node_labels=tuple(sorted(labels.items()))))
-
-    def _decide(self, body: Mapping[str, Any], observed: Observed) -> tuple[Decision, FineTuneJob | None]:
-        now = datetime.now(UTC)
-        raw_status = body.get("status")
-        status = salvage_status(raw_status)
+    def _decide(self, body: Mapping[str, Any], observed: Observed, now: datetime) -> Decided | StatusChange:
+        """The decision on `body`; for a spec that does not validate, the Failed/InvalidSpec status."""
+        status = salvage_status(body.get("status"))
         try:
             job = FineTuneJob.from_manifest({**body, "status": None})
         except ValidationError as exc:
             lines = describe(exc, FineTuneJob)
-            return Decision(invalid_spec_status(status, lines, body, now), replicas=0, plan=None), None
+            invalid = Decision(replicas=0, plan=None, status=invalid_spec_status(status, lines, body, now))
+            return StatusChange(body, invalid, serialised(invalid))
         job = job.model_copy(update={"status": status})
         namespace = job.metadata.namespace or ""
         progress, tracking = self._progress(job, observed, now)
-        observed = self._with_flavors(self._with_warnings(namespace, observed, now))
+        observed = self.kueue.with_flavors(self._with_warnings(namespace, observed, now))
         decision = decide(
             job,
             observed,
@@ -319,7 +300,8 @@ class Reconciler:
             default_queue=self.options.default_queue_name,
             tracking_report=tracking,
         )
-        return decision, job
+        needs_apply = self._needs_apply(job, observed, decision)
+        return Decided(body, decision, serialised(decision), job=job, read_status=status, needs_apply=needs_apply)
 
     def _progress(self, job: FineTuneJob, observed: Observed, now: datetime) -> tuple[Any, TrackingReport | None]:
         """Rank 0's progress (the last one between scrapes) and, from a fresh scrape, its tracking report."""
@@ -327,16 +309,17 @@ class Reconciler:
         uid = job.metadata.uid or ""
         if rank0 is None:
             return None, None
+        at = now.timestamp()
         last = self._scraped_at.get(uid)
-        if last is not None and time.time() - last < PROGRESS_EVERY_SECONDS:
+        if last is not None and at - last < PROGRESS_EVERY_SECONDS:
             return (job.status.progress if job.status else None), None
         # a failed read waits its turn too: an unreachable rank 0 costs one timeout per period, not per pass
-        self._scraped_at[uid] = time.time()
+        self._scraped_at[uid] = at
         text = fetch(f"http://{rank0.ip}:{self.options.metrics_port}/metrics")
         values = parse(text) if text is not None else None
         if text is None or values is None:
             return (job.status.progress if job.status else None), None
-        sample = Sample(at=time.time(), values=values)
+        sample = Sample(at=at, values=values)
         progress = to_progress(now, sample, self._samples.get(uid))
         self._samples[uid] = sample
         return progress, parse_report(text)
@@ -351,31 +334,39 @@ class Reconciler:
             created = parse_timestamp(view.created)
             quiet = view.phase == "Pending" and not (view.deleting or view.unschedulable or view.waiting)
             if quiet and created is not None and (now - created).total_seconds() >= WARNING_AFTER_SECONDS:
-                pods.append(replace(view, warning=self._warning(namespace, view.uid)))
+                pods.append(replace(view, warning=self._warning(namespace, view.uid, now.timestamp())))
             else:
                 pods.append(view)
-        horizon = time.monotonic() - 600  # entries of pods gone for ten minutes
+        horizon = now.timestamp() - 600  # entries of pods gone for ten minutes
         for uid in [u for u, (at, _) in self._warnings.items() if at < horizon]:
             del self._warnings[uid]
         return replace(observed, pods=tuple(pods))
 
-    def _warning(self, namespace: str, uid: str) -> str | None:
+    def _warning(self, namespace: str, uid: str, now: float) -> str | None:
         at, last = self._warnings.get(uid, (0.0, None))
-        if time.monotonic() - at < WARNING_EVERY_SECONDS:
+        if now - at < WARNING_EVERY_SECONDS:
             return last
         try:
             last = self.cluster.pod_warning(namespace, uid)
         except Exception:  # an explanation is optional: never fail a pass for it
             last = None
-        self._warnings[uid] = (time.monotonic(), last)
+        self._warnings[uid] = (now, last)
         return last
 
-    def _has_effects(self, body: Mapping[str, Any], job: FineTuneJob, observed: Observed, d: Decision) -> bool:
-        old = salvage_status(body.get("status"))
-        changed = _without_progress_time(d.status) != _without_progress_time(old)
+    def _has_effects(self, decided: Decided, observed: Observed) -> bool:
+        """Whether the decision changes anything: the status (beyond the progress's time), the
+        children, the pods, the job or its Kueue Workload."""
+        d = decided.decision
+        changed = _without_progress_time(d.status) != _without_progress_time(decided.read_status)
         kueue = (d.workload is not None and observed.workload is None) or d.release_workload or d.delete_workload
         kueue = kueue or bool(d.finish_workload)
-        return changed or kueue or d.delete_pods or d.delete_job or self._needs_apply(job, observed, d)
+        return changed or kueue or d.delete_pods or d.delete_job or decided.needs_apply
+
+    @staticmethod
+    def _acts_on_running_gang(decided: Decided, observed: Observed) -> bool:
+        """Whether the decision deletes pods or the job, or re-renders running workers."""
+        d = decided.decision
+        return d.delete_pods or d.delete_job or (observed.workers is not None and decided.needs_apply)
 
     def _needs_apply(self, job: FineTuneJob, observed: Observed, d: Decision) -> bool:
         if d.plan is None:
@@ -384,38 +375,39 @@ class Reconciler:
         desired = self._desired_hash(job, d.plan)
         return workers is None or workers.replicas != d.replicas or workers.config_hash != desired
 
-    def _write_status(self, body: Mapping[str, Any], decision: Decision) -> bool:
-        old = body.get("status") or {}
-        new = decision.status.to_wire()
-        if old == new:
+    def _write_status(self, change: StatusChange) -> bool:
+        """Every status write of a pass goes through here, guarded by the resourceVersion the
+        decision was made on; False when nothing changed or the write lost a race."""
+        if not change.changed:
             return False
-        meta = body.get("metadata", {})
+        meta = change.body.get("metadata", {})
         try:
             written = self.cluster.patch_status(
-                meta["namespace"], meta["name"], meta.get("resourceVersion"), status_patch(old, new)
+                meta["namespace"], meta["name"], meta.get("resourceVersion"), status_patch(change.stored, change.wire)
             )
         except Conflict:  # JobGone too: no pass follows a deletion
             return False  # the next pass decides again on the newer object
         self._written[str(meta.get("uid", ""))] = written
         return True
 
-    def _as_written(self, body: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
-        """The job as this operator's last status write left it (its status, its new version)."""
-        meta = dict(body.get("metadata", {}))
+    def _as_written(self, decided: Decided) -> Decided:
+        """The decision on the job as this operator's last status write left it (its status, its new version)."""
+        meta = dict(decided.body.get("metadata", {}))
         meta["resourceVersion"] = self._written.get(str(meta.get("uid", "")), meta.get("resourceVersion"))
-        return {**body, "metadata": meta, "status": decision.status.to_wire()}
+        return replace(decided, body={**decided.body, "metadata": meta, "status": decided.wire})
 
     def is_own_write(self, uid: str, resource_version: str) -> bool:
         """Whether this version of the job is the status this operator just wrote: its watch
         event needs no pass (the pass that wrote it already decided on everything else)."""
         return bool(resource_version) and self._written.get(uid) == resource_version
 
-    def _write_invalid(self, body: Mapping[str, Any], namespace: str, name: str, decision: Decision) -> Outcome:
-        wrote = self._write_status(body, decision)
+    def _write_invalid(self, change: StatusChange, namespace: str) -> Outcome:
+        decision = change.decision
+        wrote = self._write_status(change)
         if wrote:
-            failed = [c for c in decision.status.conditions if c.type == "Failed"]
-            self.sink(body, Event("Warning", "InvalidSpec", failed[0].message if failed else "invalid spec"))
-        self.census.record(str(body.get("metadata", {}).get("uid", "")), namespace, decision.status.state)
+            failed = [c for c in decision.status.conditions if c.type == ConditionType.FAILED]
+            self.sink(change.body, Event("Warning", R.INVALID_SPEC, failed[0].message if failed else "invalid spec"))
+        self.census.record(str(change.body.get("metadata", {}).get("uid", "")), namespace, decision.status.state)
         return Outcome(decision, wrote, False, None)
 
     @staticmethod
@@ -423,7 +415,7 @@ class Reconciler:
         if event.reason in (R.RANK_FAILED, R.REPLANNED):
             metrics.RESTARTS.labels(namespace).inc()
         if event.reason == R.REPLANNED:
-            metrics.REPLANS.labels("OutOfMemory").inc()
+            metrics.REPLANS.labels(R.OUT_OF_MEMORY).inc()
 
 
 def _scales_to_zero(observed: Observed, decision: Decision) -> bool:

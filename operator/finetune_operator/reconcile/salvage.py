@@ -9,15 +9,16 @@ from the observed children on the next write.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
-from ..api.status import ConditionType, FineTuneJobStatus
+from ..api import reasons as R
+from ..api.reasons import ConditionType
+from ..api.status import FineTuneJobStatus
+from ..api.timestamps import timestamp
 from .conditions import headline, set_condition
-
-INVALID_SPEC = "InvalidSpec"
 
 
 def salvage_status(raw: Any) -> FineTuneJobStatus | None:
@@ -47,16 +48,15 @@ def invalid_spec_status(
     meta = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
     generation = meta.get("generation") if isinstance(meta, Mapping) else None
     gen = generation if isinstance(generation, int) else None
-    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     base = status or FineTuneJobStatus()
     message = "; ".join(lines)
     conditions = set_condition(
         list(base.conditions),
         ConditionType.FAILED,
         True,
-        reason=INVALID_SPEC,
+        reason=R.INVALID_SPEC,
         message=message,
-        now=stamp,
+        now=timestamp(now),
         generation=gen,
     )
     return base.model_copy(update={"conditions": conditions, "state": headline(conditions), "observed_generation": gen})

@@ -24,6 +24,7 @@ from typing import Any
 from ..api.job import FineTuneJob
 from ..api.model_inspection import ModelInspection
 from ..api.model_uri import claim_model, hub_model
+from ..api.pod_contract import TERMINATION_LOG
 from .identity import metadata
 from .options import RenderOptions
 from .placement import node_selector, tolerations
@@ -32,7 +33,6 @@ from .volumes import PVC_ROOT, claim_volume_name
 REQUEST_ANNOTATION = "finetune.dev/model-request"
 """The hash of what a pod inspects or a record holds (uri, revision, token reference): a spec
 change makes an older one stale."""
-TERMINATION_LOG = "/dev/termination-log"
 ACTIVE_DEADLINE_SECONDS = 600
 """A pod stuck reading (a hung mount, a stalled hub) is stopped by the kubelet and read as failed."""
 RECORD_CONFIG = "config.json"

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..api.base import parse_quantity
 from ..api.job import FineTuneJob
+from ..api.pod_contract import TERMINATION_LOG
 from . import object_storage
 from .config_files import CONFIG_DIR
 from .identity import (
@@ -191,7 +192,7 @@ def statefulset(
         "ports": _ports(job, options),
         "resources": _resources(job, host_bytes, scratch_bytes),
         "volumeMounts": volume_mounts(job, CONFIG_DIR) + object_storage.volume_mounts(job, options),
-        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": restricted,
     }

@@ -1,8 +1,10 @@
-"""The job lifecycle, one policy per module, applied in order by `lifecycle.decide`.
+"""The job lifecycle, one phase or policy per module, run in order by `lifecycle.decide`.
 
-Each policy is a function of a `Context` that returns the `Decision` ending the pass, or
-None to hand on to the next. The gates run first (finished, planning, suspend, deadline);
-then `gang` looks at the workers and the worker policies refine its decision (success,
-failure and re-plan, config change, waiting). A new policy is a new module and one line in
-`lifecycle.POLICIES`.
+Gates (`ttl`, `planning`, `suspend`, `queueing`, `deadline`) either end the pass with the
+`Effects` of stopping or hand the next one what they established; `gang` gives the verdict on
+the current gang; the worker policies (`success`, `failure`, `config_change`, `waiting`) are
+functions of that verdict; `finish` turns the built status into the `Decision`. What each
+phase takes and gives is typed in `phases`. `child_write` amends a decision when the
+reconciler could not write a child. A new worker policy is a new module and one line in
+`lifecycle.WORKER_POLICIES`.
 """

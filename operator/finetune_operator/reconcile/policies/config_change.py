@@ -3,19 +3,18 @@ on the new one, from the last checkpoint (pods are never updated in place: `OnDe
 
 from __future__ import annotations
 
-from ...api.status import ConditionType
-from .. import reasons as R
-from .context import Context, Decision
+from ...api import reasons as R
+from ...api.reasons import ConditionType
+from .phases import Action, Gang
+from .status_builder import StatusBuilder
 
 
-def decide(ctx: Context) -> Decision | None:
-    if ctx.plan is None or not ctx.pods:
+def decide(gang: Gang, b: StatusBuilder) -> Action | None:
+    if not gang.pods:
         return None
-    desired = ctx.desired_config_hash(ctx.plan)
-    if all(p.config_hash == desired for p in ctx.pods):
+    desired = gang.inputs.desired_config_hash(gang.plan)
+    if all(p.config_hash == desired for p in gang.pods):
         return None
-    b, decision = ctx.status, ctx.workers_decision
-    decision.delete_pods = True
     b.cond(ConditionType.RESTARTING, True, R.CONFIG_CHANGED, "configuration changed: restarting all ranks")
     b.cond(ConditionType.RUNNING, False, R.CONFIG_CHANGED, "")
-    return decision
+    return gang.restart(gang.plan)

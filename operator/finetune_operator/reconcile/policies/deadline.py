@@ -6,22 +6,23 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from .. import reasons as R
-from .context import Context, Decision, parse_timestamp
+from ...api import reasons as R
+from ...api.timestamps import parse_timestamp
+from ..decision import Effects
+from .phases import Admission, Cleared, Inputs
+from .status_builder import StatusBuilder
 
 
-def decide(ctx: Context) -> Decision | None:
-    b = ctx.status
+def gate(inputs: Inputs, b: StatusBuilder, admission: Admission) -> Cleared | Effects:
+    """The admitted job cleared to run (and when to look again), or the effects of failing it."""
     start = parse_timestamp(b.status.start_time)
     if start is None:
         b.update(start_time=b.now)
-        start = ctx.now
-    ctx.started = start
-    deadline = ctx.job.spec.active_deadline_seconds
+        start = inputs.now
+    deadline = inputs.job.spec.active_deadline_seconds
     if deadline is None:
-        return None
-    if ctx.now - start >= timedelta(seconds=deadline):
+        return Cleared(admission, requeue_after=None)
+    if inputs.now - start >= timedelta(seconds=deadline):
         b.fail(R.DEADLINE_EXCEEDED, f"running longer than activeDeadlineSeconds={deadline}")
-        return ctx.stop()
-    ctx.requeue_after = (start + timedelta(seconds=deadline) - ctx.now).total_seconds()
-    return None
+        return inputs.stop(admission.plan, admission.placement)
+    return Cleared(admission, requeue_after=(start + timedelta(seconds=deadline) - inputs.now).total_seconds())

@@ -5,11 +5,14 @@ next more frugal strategy; a root cause a restart cannot change fails the job at
 
 from __future__ import annotations
 
+from ...api import reasons as R
+from ...api.reasons import ConditionType
 from ...api.spec import MethodType, OomAction
-from ...api.status import ConditionType, LastFailure, PlanStatus
-from .. import reasons as R
+from ...api.status import LastFailure, PlanStatus
+from .. import termination
 from ..observed import PodView, Termination
-from .context import Context, Decision, StatusBuilder, describe_plan
+from .phases import Action, Gang, Inputs
+from .status_builder import StatusBuilder, describe_plan
 
 
 def _first_failure(pods: tuple[PodView, ...]) -> tuple[PodView, Termination] | None:
@@ -20,9 +23,9 @@ def _first_failure(pods: tuple[PodView, ...]) -> tuple[PodView, Termination] | N
     return None
 
 
-def _resume_note(ctx: Context) -> str:
+def _resume_note(inputs: Inputs) -> str:
     """What the new gang does with the checkpoint after a re-plan (the trainer logs the details)."""
-    if ctx.job.spec.method.type == MethodType.FULL:
+    if inputs.job.spec.method.type == MethodType.FULL:
         return (
             "the new gang resumes from the last checkpoint, converted to a universal checkpoint where the "
             "ZeRO stage or world size changed"
@@ -31,15 +34,15 @@ def _resume_note(ctx: Context) -> str:
 
 
 def _handle(
-    ctx: Context, b: StatusBuilder, pod: PodView, term: Termination, plan: PlanStatus
+    inputs: Inputs, b: StatusBuilder, pod: PodView, term: Termination, plan: PlanStatus
 ) -> tuple[PlanStatus, bool]:
     """Count the failure once; returns the plan to run and whether to restart the gang."""
     fingerprint = pod.fingerprint(term)
     last = b.status.last_failure
     if last is not None and last.fingerprint == fingerprint:
         return plan, True  # already counted; the deletion may not have happened yet
-    cause = R.root_cause(term, pod.name)
-    oom = R.is_out_of_memory(term)
+    cause = termination.root_cause(term, pod.name)
+    oom = termination.is_out_of_memory(term)
     b.update(
         last_failure=LastFailure(
             reason=R.OUT_OF_MEMORY if oom else R.RANK_FAILED,
@@ -50,8 +53,8 @@ def _handle(
             fingerprint=fingerprint,
         )
     )
-    policy = ctx.job.spec.failure_policy
-    permanent = R.not_retried(term)
+    policy = inputs.job.spec.failure_policy
+    permanent = termination.not_retried(term)
     if permanent is not None:
         b.fail(permanent, f"{cause}; not retried: a restart would fail the same way (fix it in a new job)")
         return plan, False
@@ -59,11 +62,11 @@ def _handle(
         b.fail(R.BACKOFF_EXCEEDED, f"{b.status.restarts} restarts used of {policy.backoff_limit}; last: {cause}")
         return plan, False
     if oom and policy.on_out_of_memory == OomAction.REPLAN:
-        frugal = ctx.replanner(ctx.job.spec, plan)
+        frugal = inputs.replanner(inputs.job.spec, plan)
         if frugal is None:
             b.fail(R.OUT_OF_MEMORY, f"{cause}; no more memory-frugal strategy is left to try")
             return plan, False
-        why = f"{cause}; re-planned from {describe_plan(plan)} to {describe_plan(frugal)}; {_resume_note(ctx)}"
+        why = f"{cause}; re-planned from {describe_plan(plan)} to {describe_plan(frugal)}; {_resume_note(inputs)}"
         frugal = frugal.model_copy(update={"replans": plan.replans + 1, "replan_reason": why})
         b.update(restarts=b.status.restarts + 1)
         b.cond(ConditionType.RESTARTING, True, R.REPLANNED, why, warn=True)
@@ -82,16 +85,13 @@ def _handle(
     return plan, True
 
 
-def decide(ctx: Context) -> Decision | None:
-    failed = _first_failure(ctx.pods)
-    if failed is None or ctx.plan is None:
+def decide(gang: Gang, b: StatusBuilder) -> Action | None:
+    failed = _first_failure(gang.pods)
+    if failed is None:
         return None
-    b, decision = ctx.status, ctx.workers_decision
-    plan, restart = _handle(ctx, b, failed[0], failed[1], ctx.plan)
+    plan, restart = _handle(gang.inputs, b, failed[0], failed[1], gang.plan)
     b.update(plan=plan)
-    decision.plan, decision.delete_pods = plan, restart
-    if restart:
-        b.cond(ConditionType.RUNNING, False, R.GANG_RESTART, "restarting all ranks together")
-    else:
-        decision.replicas = 0
-    return decision
+    if not restart:
+        return Action(replicas=0, plan=plan, delete_pods=False)
+    b.cond(ConditionType.RUNNING, False, R.GANG_RESTART, "restarting all ranks together")
+    return gang.restart(plan)

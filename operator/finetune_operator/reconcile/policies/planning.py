@@ -6,28 +6,30 @@ waits `Planned=False` with the reason, and nothing else is decided."""
 
 from __future__ import annotations
 
-from ...api.status import ConditionType
-from .. import reasons as R
-from .context import Context, Decision, PlanFailed, PlanPending, describe_plan
+from ...api import reasons as R
+from ...api.reasons import ConditionType
+from ...api.status import PlanStatus
+from ..decision import Effects, PlanFailed, PlanPending
+from .phases import Inputs
+from .status_builder import StatusBuilder, describe_plan
 
 
-def decide(ctx: Context) -> Decision | None:
-    b = ctx.status
-    plan = b.status.plan
-    if plan is None or b.status.observed_generation != ctx.job.metadata.generation:
-        try:
-            fresh = ctx.planner(ctx.job.spec)
-        except PlanPending as exc:
-            b.cond(ConditionType.PLANNED, False, exc.reason, str(exc))
-            return Decision(b.status, replicas=0, plan=None, requeue_after=exc.retry_after)
-        except PlanFailed as exc:
-            b.cond(ConditionType.PLANNED, False, exc.reason, str(exc))
-            b.fail(exc.reason, str(exc))
-            return Decision(b.status, replicas=0, plan=None)
-        if plan is not None:
-            fresh = fresh.model_copy(update={"replans": plan.replans, "replan_reason": plan.replan_reason})
-        plan = fresh
-        b.update(plan=plan)
-        b.cond(ConditionType.PLANNED, True, R.PLANNED, f"{describe_plan(plan)}. {plan.reason}".strip())
-    ctx.plan = plan
-    return None
+def plan(inputs: Inputs, b: StatusBuilder) -> PlanStatus | Effects:
+    """The plan in force, or the effects of a job the planner refuses or cannot plan yet (nothing runs)."""
+    current = b.status.plan
+    if current is not None and b.status.observed_generation == inputs.job.metadata.generation:
+        return current
+    try:
+        fresh = inputs.planner(inputs.job.spec)
+    except PlanPending as exc:
+        b.cond(ConditionType.PLANNED, False, exc.reason, str(exc))
+        return inputs.stop(None, requeue_after=exc.retry_after)
+    except PlanFailed as exc:
+        b.cond(ConditionType.PLANNED, False, exc.reason, str(exc))
+        b.fail(exc.reason, str(exc))
+        return inputs.stop(None)
+    if current is not None:
+        fresh = fresh.model_copy(update={"replans": current.replans, "replan_reason": current.replan_reason})
+    b.update(plan=fresh)
+    b.cond(ConditionType.PLANNED, True, R.PLANNED, f"{describe_plan(fresh)}. {fresh.reason}".strip())
+    return fresh

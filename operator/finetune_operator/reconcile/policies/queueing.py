@@ -11,43 +11,43 @@ The cluster writes themselves are the reconciler's; this module only decides the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from ...api.status import ConditionType, State, Workers
+from ...api import reasons as R
+from ...api.reasons import ConditionType, State
+from ...api.status import PlanStatus, Workers
 from ...render.workload import SPEC_HASH_ANNOTATION, workload
-from .. import reasons as R
 from ..conditions import is_true
+from ..decision import Effects
 from ..observed import KueueCondition, WorkloadView
-from .context import Context, Decision
+from .phases import Admission, Inputs
+from .status_builder import StatusBuilder
 
 WAITING = "waiting for Kueue to admit the whole gang"
 
 
-def decide(ctx: Context) -> Decision | None:
-    queue, b = ctx.queue, ctx.status
+def admit(inputs: Inputs, b: StatusBuilder, plan: PlanStatus) -> Admission | Effects:
+    """The job allowed to run (not queued, or admitted), or the effects of waiting in its queue."""
+    queue = inputs.queue
     if queue is None:
-        return None
-    if ctx.plan is None:
-        raise RuntimeError("the planning policy must run before the queueing policy")
-    wl = ctx.observed.workload
-    desired = workload(ctx.job, ctx.plan, queue)
+        return Admission(plan, placement={})
+    wl = inputs.observed.workload
+    desired = workload(inputs.job, plan, queue)
     if wl is not None and wl.spec_hash != desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]:
-        stop = _stopped(ctx)
+        _stopped(inputs, b)
         message = "the job's size or requests changed: its Workload is replaced and admitted again"
         b.cond(ConditionType.QUEUED, True, R.WORKLOAD_CHANGED, message)
-        stop.delete_workload = not ctx.observed.live_pods
-        return stop
+        return replace(inputs.stop(plan), delete_workload=not inputs.observed.live_pods)
     if wl is not None and wl.admitted:
         flavors = ", ".join(wl.flavors) or "the default flavor"
         message = f"admitted by Kueue from queue {queue} on {flavors}"
         b.cond(ConditionType.QUEUED, False, R.ADMITTED, message, announce=True)
-        ctx.placement = dict(wl.node_labels)
-        return None
-    stop = _stopped(ctx)
+        return Admission(plan, placement=dict(wl.node_labels))
+    _stopped(inputs, b)
     if wl is None:
-        b.cond(ConditionType.QUEUED, True, R.QUEUED, f"{WAITING} in queue {queue} (its Workload is {ctx.job.name})")
-        stop.workload = desired
-        return stop
+        b.cond(ConditionType.QUEUED, True, R.QUEUED, f"{WAITING} in queue {queue} (its Workload is {inputs.job.name})")
+        return replace(inputs.stop(plan), workload=desired)
     evicted = wl.condition("Evicted")
     if evicted is not None and evicted.status == "True":
         if not is_true(b.status.conditions, ConditionType.QUEUED):
@@ -57,35 +57,32 @@ def decide(ctx: Context) -> Decision | None:
             "restarts unchanged); the job resumes from its last checkpoint when admitted again"
         )
         b.cond(ConditionType.QUEUED, True, evicted.reason or R.EVICTED, message, warn=True)
-        stop.release_workload = wl.reserved and not ctx.observed.live_pods
-        return stop
+        return replace(inputs.stop(plan), release_workload=wl.reserved and not inputs.observed.live_pods)
     reserved = wl.condition("QuotaReserved")
     reason = (reserved.reason if reserved else "") or R.QUEUED
     detail = reserved.message if reserved and reserved.message else "no decision yet"
     b.cond(ConditionType.QUEUED, True, reason, f"{WAITING} in queue {queue}: {detail}")
-    return stop
+    return inputs.stop(plan)
 
 
-def _stopped(ctx: Context) -> Decision:
-    b = ctx.status
+def _stopped(inputs: Inputs, b: StatusBuilder) -> None:
+    """The status of a queued job whose gang does not run."""
     b.cond(ConditionType.RUNNING, False, R.QUEUED, "")
     if is_true(b.status.conditions, ConditionType.RESTARTING):
         b.cond(ConditionType.RESTARTING, False, R.QUEUED, "")
-    b.update(start_time=None, workers=Workers(ready=0, total=ctx.nodes, summary=f"0/{ctx.nodes}"))
-    return ctx.stop()
+    b.update(start_time=None, workers=Workers(ready=0, total=inputs.nodes, summary=f"0/{inputs.nodes}"))
 
 
-def finish(ctx: Context, decision: Decision) -> None:
-    """A finished job's Workload is marked Finished (its quota goes back to the queue); a suspended
-    job's is deleted once its gang has stopped (resuming queues the job again)."""
-    wl = ctx.observed.workload
-    state = decision.status.state
-    if wl is not None and ctx.job.spec.suspend and state == State.SUSPENDED:
-        decision.delete_workload = not ctx.observed.live_pods
-        return
+def wrap_up(inputs: Inputs, state: State | None, effects: Effects) -> tuple[Effects, str | None]:
+    """Kueue's part of the finish: a suspended job's Workload is deleted once its gang has stopped
+    (resuming queues the job again); a finished job's is marked Finished (its quota goes back to
+    the queue), with the reason returned."""
+    wl = inputs.observed.workload
+    if wl is not None and inputs.job.spec.suspend and state == State.SUSPENDED:
+        return replace(effects, delete_workload=not inputs.observed.live_pods), None
     if wl is None or wl.is_true("Finished") or state not in (State.SUCCEEDED, State.FAILED):
-        return
-    decision.finish_workload = "Succeeded" if state == State.SUCCEEDED else "Failed"
+        return effects, None
+    return effects, "Succeeded" if state == State.SUCCEEDED else "Failed"
 
 
 def _wire(condition: KueueCondition) -> dict[str, Any]:

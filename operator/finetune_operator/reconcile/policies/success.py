@@ -4,11 +4,14 @@ is announced here); the workers are scaled to 0 so the GPUs are free."""
 
 from __future__ import annotations
 
+from ...api import reasons as R
 from ...api.pod_contract import TrainingSummary
-from ...api.status import ConditionType, Progress, Result
-from .. import reasons as R
-from .context import Context, Decision
+from ...api.reasons import ConditionType
+from ...api.status import Progress, Result
+from .. import termination
 from .gang import announce_resume
+from .phases import Action, Gang
+from .status_builder import StatusBuilder
 from .tracking import at_success
 
 
@@ -30,21 +33,20 @@ def _final_progress(progress: Progress | None, result: Result, now: str, summary
     )
 
 
-def decide(ctx: Context) -> Decision | None:
-    b, pods, nodes = ctx.status, ctx.pods, ctx.nodes
+def decide(gang: Gang, b: StatusBuilder) -> Action | None:
+    pods, nodes = gang.pods, gang.nodes
     completed = [p.completed for p in pods if p.failure is None and p.completed is not None]
     if not (len(pods) == nodes and len(completed) == nodes and {p.ordinal for p in pods} == set(range(nodes))):
         return None
     rank0 = next(p for p in pods if p.ordinal == 0)
-    summary = R.summary_of(rank0.completed or completed[0])
+    summary = termination.summary_of(rank0.completed or completed[0])
     result = at_success(b, summary.to_result() if summary is not None else Result())
     if summary is not None:
-        announce_resume(ctx, b, b.status.progress, summary.resumed_from_step, bool(summary.checkpoint_converted))
+        resumed, converted = summary.resumed_from_step, bool(summary.checkpoint_converted)
+        announce_resume(b, gang.plan, b.status.progress, resumed, converted)
     b.update(result=result, completion_time=b.now, progress=_final_progress(b.status.progress, result, b.now, summary))
     loss = f", final loss {result.final_loss:.4f}" if result.final_loss is not None else ""
     b.cond(ConditionType.SUCCEEDED, True, R.COMPLETED, f"all {nodes} ranks finished{loss}")
     b.cond(ConditionType.RUNNING, False, R.COMPLETED, "")
     b.cond(ConditionType.RESTARTING, False, R.COMPLETED, "")
-    decision = ctx.workers_decision
-    decision.replicas = 0
-    return decision
+    return gang.scale_down()

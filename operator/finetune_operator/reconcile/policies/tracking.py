@@ -1,7 +1,7 @@
 """The job's MLflow run in `status.result.tracking`, and Events when publishing to it fails.
 
 Rank 0 names the run and says whether it can publish (see `reconcile.tracking`); this policy
-copies that into the status while the gang runs, never deciding the pass. Tracking never
+copies that into the status while the gang runs; it decides nothing. Tracking never
 fails a job: a server that is down or refuses the credentials is a Warning Event
 (`TrackingFailing`) while the records wait on the output volume, and a Normal one
 (`TrackingRecovered`) once they flow again. At success the trainer's summary has the last
@@ -10,11 +10,11 @@ word; records it could not send before the job ended are a Warning (`TrackingInc
 
 from __future__ import annotations
 
+from ...api import reasons as R
 from ...api.status import Result
 from ...api.tracking import TrackingResult
-from .. import reasons as R
 from ..tracking import TrackingReport
-from .context import Context, StatusBuilder
+from .status_builder import StatusBuilder
 
 
 def _server(report: TrackingReport | None) -> str:
@@ -33,11 +33,10 @@ def _set(b: StatusBuilder, tracking: TrackingResult) -> None:
     b.update(result=(b.status.result or Result()).model_copy(update={"tracking": tracking}))
 
 
-def decide(ctx: Context) -> None:
-    """While the gang runs: rank 0's latest report (after `gang`, before the verdict policies)."""
-    report, b = ctx.tracking, ctx.status
+def record(report: TrackingReport | None, b: StatusBuilder) -> None:
+    """While the gang runs: rank 0's latest report into the status (None: no news this pass)."""
     if report is None:
-        return None
+        return
     old = b.status.result.tracking if b.status.result else None
     was_failing = bool(old and old.failing)
     tracking = _merged(old, report.result)
@@ -51,7 +50,6 @@ def decide(ctx: Context) -> None:
     elif was_failing and tracking.failing is False:
         b.event(R.TRACKING_RECOVERED, f"MLflow{_server(report)} answers again; the waiting records are being sent")
     _set(b, tracking)
-    return None
 
 
 def at_success(b: StatusBuilder, result: Result) -> Result:

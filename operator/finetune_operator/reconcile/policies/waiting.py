@@ -2,30 +2,32 @@
 restart, announced), and so is a gang whose finished ranks wait for the rest; anything less
 says how many are ready and why the first stuck one waits
 (unschedulable, a container waiting: ImagePullBackOff, CreateContainerConfigError, ..., or a
-Warning Event about the pod: FailedAttachVolume, FailedMount, ...)."""
+Warning Event about the pod: FailedAttachVolume, FailedMount, ...). It decides every gang the
+other worker policies leave."""
 
 from __future__ import annotations
 
-from ...api.status import ConditionType
-from .. import reasons as R
+from ...api import reasons as R
+from ...api.reasons import ConditionType
 from ..conditions import is_true
-from .context import Context, Decision
+from .phases import Action, Gang
+from .status_builder import StatusBuilder
 
 
-def decide(ctx: Context) -> Decision | None:
-    b, nodes, ready = ctx.status, ctx.nodes, ctx.ready
+def decide(gang: Gang, b: StatusBuilder) -> Action:
+    nodes, ready, pods = gang.nodes, gang.ready, gang.pods
     # A rank that exited 0 while its peers still train is finishing, not waiting: the job
     # stays Running (it never goes back to Planned on its way to Succeeded).
-    finished = sum(1 for p in ctx.pods if p.failure is None and p.completed is not None and not p.ready)
-    if finished and len(ctx.pods) == nodes and ready + finished == nodes:
+    finished = sum(1 for p in pods if p.failure is None and p.completed is not None and not p.ready)
+    if finished and len(pods) == nodes and ready + finished == nodes:
         message = f"{finished} of {nodes} workers finished, {ready} still running"
         b.cond(ConditionType.RUNNING, True, R.FINISHING, message)
-    elif len(ctx.pods) == nodes and ready == nodes:
+    elif len(pods) == nodes and ready == nodes:
         b.cond(ConditionType.RUNNING, True, R.ALL_RUNNING, f"{nodes} of {nodes} workers running")
         if is_true(b.status.conditions, ConditionType.RESTARTING):
             b.cond(ConditionType.RESTARTING, False, R.RECOVERED, "all ranks are back", announce=True)
     else:
-        why = ((p.name, p.unschedulable or p.waiting or p.warning) for p in ctx.pods)
+        why = ((p.name, p.unschedulable or p.waiting or p.warning) for p in pods)
         stuck = next((f"; {name}: {reason}" for name, reason in why if reason), "")
         b.cond(ConditionType.RUNNING, False, R.WAITING, f"{ready} of {nodes} workers ready{stuck}")
-    return ctx.workers_decision
+    return gang.keep()

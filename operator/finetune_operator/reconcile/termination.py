@@ -1,4 +1,8 @@
-"""Condition reasons, event reasons and failure classification, named in one place."""
+"""What a finished trainer container says: out of memory, a root cause not worth retrying, its summary.
+
+The kubelet reports the container's exit code, reason and termination message; the trainer
+writes the message (`pod_contract`). These read it for the failure and success policies.
+"""
 
 from __future__ import annotations
 
@@ -6,38 +10,6 @@ import json
 
 from ..api.pod_contract import NOT_RETRIED, TerminationReason, TrainingSummary, is_out_of_memory_text, reason_of_line
 from .observed import Termination
-
-PLANNED = "Planned"
-INVALID_SPEC = "InvalidSpec"
-DOES_NOT_FIT = "DoesNotFit"
-WAITING = "WaitingForWorkers"
-ALL_RUNNING = "AllRanksRunning"
-FINISHING = "RanksFinishing"
-COMPLETED = "Completed"
-RANK_FAILED = "RankFailed"
-OUT_OF_MEMORY = "OutOfMemory"
-REPLANNED = "OutOfMemoryReplanned"
-RESUMED_CHECKPOINT = "ResumedFromCheckpoint"
-CONFIG_CHANGED = "ConfigChanged"
-RECOVERED = "Recovered"
-BACKOFF_EXCEEDED = "BackoffLimitExceeded"
-DEADLINE_EXCEEDED = "DeadlineExceeded"
-SUSPENDED = "Suspended"
-RESUMED = "Resumed"
-NOT_SUSPENDED = "NotSuspended"
-NOT_RUNNING = "NotRunning"
-GANG_RESTART = "GangRestart"
-EXPIRED = "TTLExpired"
-CHILD_CONFLICT = "ChildConflict"
-CHILD_WRITE_FAILED = "ChildWriteFailed"
-QUEUED = "Queued"
-WORKLOAD_CREATED = "WorkloadCreated"
-ADMITTED = "Admitted"
-EVICTED = "Evicted"
-WORKLOAD_CHANGED = "WorkloadChanged"
-TRACKING_FAILING = "TrackingFailing"
-TRACKING_RECOVERED = "TrackingRecovered"
-TRACKING_INCOMPLETE = "TrackingIncomplete"
 
 
 def is_out_of_memory(term: Termination) -> bool:
