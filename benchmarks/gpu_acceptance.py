@@ -119,6 +119,7 @@ class Measured:
 
     load_peak: int | None
     step_peak: int | None
+    precision: str
     loss: str
     checkpoint: str
 
@@ -327,7 +328,7 @@ def train(model_dir: Path, spec: Any, plan: Any, steps: int, on_gpu: bool, ckpt_
     finally:
         shutil.rmtree(ckpt_root, ignore_errors=True)
         engine.destroy()  # the next case empties the CUDA cache once this frame's tensors are gone
-    return Measured(load_peak, step_peak, loss_fn.name, outcome)
+    return Measured(load_peak, step_peak, compute.precision, loss_fn.name, outcome)
 
 
 def run_row(row: Row, body: Callable[[], Measured], limit: int | None = None) -> Row:
@@ -341,7 +342,7 @@ def run_row(row: Row, body: Callable[[], Measured], limit: int | None = None) ->
         row.note = f"{'OOM' if reason == OUT_OF_MEMORY else 'failed'}: {type(exc).__name__}: {str(exc)[:160]}"
         return row
     row.load, row.measured, row.checkpoint = measured.load_peak, measured.step_peak, measured.checkpoint
-    row.note = f"ok {time.perf_counter() - started:.0f}s, loss: {measured.loss}"
+    row.note = f"ok {time.perf_counter() - started:.0f}s, {measured.precision}, loss: {measured.loss}"
     if limit is not None and measured.step_peak is not None and measured.load_peak is not None:
         row.note += f", peak {max(measured.step_peak, measured.load_peak) / limit:.0%} of the card"
     return row

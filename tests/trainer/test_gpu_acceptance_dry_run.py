@@ -64,7 +64,7 @@ def test_dry_run_trains_saves_and_loads_every_case() -> None:
     ]
     for row in by_section["a"] + by_section["b"]:
         float(row[4])  # the planner's step GiB is there
-        assert row[8].startswith("ok") and row[8].endswith("loss: chunked cross entropy"), row
+        assert row[8].startswith("ok") and row[8].endswith(", bf16, loss: chunked cross entropy"), row
         assert row[7].startswith("saved+loaded") and row[7].endswith("restore verified"), row
     qlora_zero3 = next(r for r in by_section["a"] if "qlora ZeRO-3" in r[1])
     float(qlora_zero3[2])  # the planner plans a load peak for QLoRA under ZeRO-3
