@@ -1,23 +1,32 @@
-"""GPU acceptance: the planner, the trainer's model paths and its OOM reporting on one real GPU.
+"""GPU acceptance: the planner against the trainer's own step, checkpoint and OOM report on one GPU.
 
-Run it whenever a GPU is at hand (one card, under 8 minutes on an H200); `--dry-run` plans
-everything and runs a tiny version of every path on the CPU (CI runs it, see
-tests/unit/test_gpu_acceptance_dry_run.py). It extends benchmarks/planner_gpu/:
+Run it whenever a GPU is at hand (one card; the default `--budget-seconds` fits about 8 minutes
+on an H200, model creation included); `--dry-run` runs every case on a tiny model on the CPU in
+bf16 (the trainer tier runs it: tests/trainer/test_gpu_acceptance_dry_run.py). Every case is the
+trainer's step: `modeling.load_model`, `loss.training_loss` (the chunked LM-head loss the
+planner counts), the DeepSpeed config the operator renders, the trainer's optimizer and
+scheduler, then a checkpoint saved and loaded back through `checkpoint.save`/`checkpoint.load`
+(the checkpoint column says FAILED when a save or load raises, or when the loaded trainable
+weights are not the saved ones).
 
-- (a) the planner's per-GPU bytes (without the runtime-overhead term: the CUDA context is not
-  allocator memory) against `torch.cuda.max_memory_allocated()`, random-init Llama-shaped
-  models from config (no download): LoRA, QLoRA and full, ZeRO 0-3 at world size 1,
-  checkpointing on and off, two sequence lengths;
-- (b) 24, 40 and 80 GiB cards emulated with `torch.cuda.set_per_process_memory_fraction`: the
-  planner picks a strategy for an 8B-shaped model, 5 steps run with it; out-of-memory errors
-  (target 0) and the peak against the card;
-- (c) QLoRA through bitsandbytes and the bf16 path, through the trainer's own `load_model`;
-- (d) a forced out-of-memory error, reported with the trainer's `OutOfMemory` root cause.
+- (a) one random-init Llama-shaped model (1B layers, 128k vocabulary): full fine-tuning at
+  ZeRO 0, 2 and 3, LoRA at ZeRO 0, 1 and 3, QLoRA (bitsandbytes nf4) at ZeRO 0 and 3, all bf16;
+- (b) 24, 40 and 80 GiB cards emulated with `torch.cuda.set_per_process_memory_fraction`:
+  the planner picks a strategy for an 8B LoRA job and it runs; its peak against the card;
+- (c) a forced out-of-memory error, reported with the trainer's `OutOfMemory` root cause.
+
+Two peaks per case, from `torch.cuda.max_memory_allocated()`: load (reset before
+`load_model`, read after `deepspeed.initialize`: loading and engine set-up, against the
+planner's `load_peak_bytes` where it plans one) and step (reset after the engine is built,
+read after the steps). Planned bytes leave out the runtime-overhead term (the CUDA context is
+not allocator memory). A case starts only while the budget leaves time for it (the longest
+finished case of its section, or its model's creation); the table lists what finished and
+`skipped (budget of Ns): …` lines name the rest.
 
     .venv/bin/python benchmarks/gpu_acceptance.py            # on a GPU machine
-    .venv/bin/python benchmarks/gpu_acceptance.py --dry-run  # CPU: plans + tiny runs
+    .venv/bin/python benchmarks/gpu_acceptance.py --dry-run  # CPU: tiny bf16 runs of every case
 
-Each table row is one line `section | configuration | planned GiB | measured GiB | ratio | note`.
+Each table row is one line of `COLUMNS`, joined by " | ".
 """
 
 from __future__ import annotations
@@ -25,38 +34,142 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+STARTED = time.monotonic()
 ROOT = Path(__file__).resolve().parents[1]
 for extra in ("operator", "trainer_image", "benchmarks/planner_gpu"):
     sys.path.insert(0, str(ROOT / extra))
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
 GPU_SHAPE = "llama-1b"
+GPU_VOCAB = 128256
 CARDS_GIB = (24, 40, 80)
 EIGHT_B = "meta-llama/Llama-3.1-8B"
 GIB = 2**30
+DEFAULT_BUDGET_SECONDS = 420
+"""Seconds from the script's start: 8 minutes on an H200 less the interpreter and imports."""
+COLUMNS = (
+    "section",
+    "configuration",
+    "planned load GiB",
+    "measured load GiB",
+    "planned step GiB",
+    "measured step GiB",
+    "step ratio",
+    "checkpoint",
+    "note",
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One configuration of section (a): method, ZeRO stage, gradient checkpointing."""
+
+    method: str
+    stage: int
+    ckpt: bool
+
+    def label(self, shape: str, seq: int, micro: int) -> str:
+        return f"{shape} {self.method} ZeRO-{self.stage}{' ckpt' if self.ckpt else ''} mb={micro} seq={seq} bf16"
+
+
+CASES = (  # most telling first: the budget cuts from the end
+    Case("full", 0, True),
+    Case("lora", 0, True),
+    Case("qlora", 3, True),
+    Case("full", 3, True),
+    Case("qlora", 0, True),
+    Case("lora", 3, False),
+    Case("lora", 1, True),
+    Case("full", 2, True),
+)
+
+
+@dataclass
+class Budget:
+    """Seconds left from `started` (`clock()` units); a task starts only if its estimate fits."""
+
+    seconds: float
+    started: float = STARTED
+    clock: Callable[[], float] = time.monotonic
+    skipped: list[str] = field(default_factory=list)
+
+    def left(self) -> float:
+        return self.seconds - (self.clock() - self.started)
+
+    def allows(self, label: str, estimate: float) -> bool:
+        if self.left() >= estimate:
+            return True
+        self.skipped.append(label)
+        return False
+
+
+@dataclass
+class Measured:
+    """What one run of the trainer's step gives: peaks (None on CPU), loss path, checkpoint outcome."""
+
+    load_peak: int | None
+    step_peak: int | None
+    precision: str
+    loss: str
+    checkpoint: str
 
 
 @dataclass
 class Row:
     section: str
     label: str
-    planned: float | None
-    measured: float | None
+    planned_load: int | None = None
+    load: int | None = None
+    planned: int | None = None
+    measured: int | None = None
+    checkpoint: str = "-"
     note: str = ""
 
-    def line(self) -> str:
-        planned = f"{self.planned / GIB:.2f}" if self.planned is not None else "-"
-        measured = f"{self.measured / GIB:.2f}" if self.measured is not None else "-"
+    def cells(self) -> list[str]:
+        def gib(value: int | None) -> str:
+            return f"{value / GIB:.2f}" if value is not None else "-"
+
         ratio = f"{self.measured / self.planned:.2f}" if self.planned and self.measured else "-"
-        return f"{self.section} | {self.label} | {planned} | {measured} | {ratio} | {self.note}"
+        return [
+            self.section,
+            self.label,
+            gib(self.planned_load),
+            gib(self.load),
+            gib(self.planned),
+            gib(self.measured),
+            ratio,
+            self.checkpoint,
+            self.note,
+        ]
+
+    def line(self) -> str:
+        return " | ".join(self.cells())
+
+
+@dataclass(frozen=True)
+class SingleRank:
+    """The `dist` the checkpoint module expects (rank, world, barrier, sum) for one process."""
+
+    rank: int = 0
+    world: int = 1
+
+    def barrier(self) -> None:
+        import torch.distributed
+
+        torch.distributed.barrier()
+
+    def sum(self, values: list[float]) -> list[float]:
+        return list(values)
 
 
 def llama_config(dims: dict[str, int], vocab: int) -> dict[str, Any]:
@@ -99,59 +212,146 @@ def job_spec(
     )
 
 
-def planned_bytes(spec: Any) -> tuple[Any, int]:
-    """The status plan and its per-GPU bytes without the runtime overhead (what the allocator sees)."""
+def planned_bytes(spec: Any) -> tuple[Any, int, int | None]:
+    """The status plan, its step bytes and its load peak (None where it plans none), both
+    without the runtime overhead (what the allocator sees)."""
     from finetune_operator.plan import plan_job
 
     result = plan_job(spec, require_fit=False)
     candidate = result.chosen or result.candidates[0]
-    return result.to_status(candidate), int(candidate.per_gpu_bytes - candidate.memory.breakdown["overhead"])
+    memory = candidate.memory
+    overhead = int(memory.breakdown["overhead"])
+    load = int(memory.load_peak_bytes - overhead) if memory.load_peak_bytes else None
+    return result.to_status(candidate), int(memory.step_bytes - overhead), load
 
 
-def train(model_dir: Path, spec: Any, plan: Any, steps: int, on_gpu: bool) -> int | None:
-    """`steps` optimizer steps through the trainer's own load_model and a DeepSpeed engine; the peak or None (CPU)."""
+def trainable_fingerprint(engine: Any) -> float:
+    """A number that changes with any trainable weight this rank holds (ZeRO-3: its shard)."""
+    import torch
+
+    total = 0.0
+    with torch.no_grad():
+        for param in engine.module.parameters():
+            if param.requires_grad:
+                local = getattr(param, "ds_tensor", param)
+                total += float(local.float().abs().sum()) + float(local.float().sum())
+    return total
+
+
+def train(model_dir: Path, spec: Any, plan: Any, steps: int, on_gpu: bool, ckpt_root: Path) -> Measured:
+    """`steps` optimizer steps as the trainer takes them, then a checkpoint saved and loaded back."""
     import deepspeed
     import torch
 
+    from finetune_operator.api.pod_contract import CheckpointState, TrainingStrategy
+    from finetune_operator.api.spec import MethodType
     from finetune_operator.render.deepspeed_config import deepspeed_config
-    from finetune_trainer import modeling
+    from finetune_trainer import checkpoint, modeling
+    from finetune_trainer.loss import training_loss
+    from finetune_trainer.schedule import lr_lambda
 
     compute = modeling.compute_settings(spec, on_gpu)
     ds_config = modeling.effective_deepspeed_config(deepspeed_config(spec, plan), compute)
     if on_gpu:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(spec.training.seed)
     model = modeling.load_model(spec, plan, str(model_dir), compute, ds_config)
+    loss_fn = training_loss(model, on_gpu)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    lr, decay = spec.training.learning_rate, spec.training.weight_decay
     if on_gpu and plan.offload_optimizer != "none":
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-        optimizer = DeepSpeedCPUAdam(params, lr=1e-4)
-    ds_config.pop("optimizer", None)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
-    vocab = int(model.config.vocab_size)
-    tokens = torch.randint(0, vocab, (plan.micro_batch_size, spec.dataset.max_seq_length), device=engine.device)
-    for _ in range(steps * plan.gradient_accumulation_steps):
-        loss = engine(input_ids=tokens, attention_mask=torch.ones_like(tokens), labels=tokens).loss
-        engine.backward(loss)
-        engine.step()
-    peak = None
+        optimizer: Any = DeepSpeedCPUAdam(params, lr=lr, weight_decay=decay, adamw_mode=True)
+    else:
+        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=decay)
+    total = steps + 1
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(str(spec.training.lr_schedule), spec.training.warmup_steps_of(total), total)
+    )
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+    load_peak = step_peak = None
     if on_gpu:
         torch.cuda.synchronize()
-        peak = int(torch.cuda.max_memory_allocated())
-    engine.destroy()
-    del engine, model, optimizer
+        load_peak = int(torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
+    vocab = int(model.config.vocab_size)
+    tokens = torch.randint(0, vocab, (plan.micro_batch_size, spec.dataset.max_seq_length), device=engine.device)
+    inputs = {"input_ids": tokens, "attention_mask": torch.ones_like(tokens), "labels": tokens}
+
+    def step() -> None:
+        for _ in range(plan.gradient_accumulation_steps):
+            engine.backward(loss_fn(engine, inputs))
+            engine.step()
+
+    for _ in range(steps):
+        step()
     if on_gpu:
-        torch.cuda.empty_cache()
-    return peak
+        torch.cuda.synchronize()
+        step_peak = int(torch.cuda.max_memory_allocated())
+    dist = SingleRank()
+    strategy = TrainingStrategy(
+        zero_stage=plan.zero_stage,
+        offload_optimizer=plan.offload_optimizer,
+        offload_params=plan.offload_params,
+        micro_batch_size=plan.micro_batch_size,
+        gradient_accumulation_steps=plan.gradient_accumulation_steps,
+        world_size=1,
+    )
+    try:
+        began = time.perf_counter()
+        saved = trainable_fingerprint(engine)
+        folder = checkpoint.save(
+            engine,
+            ckpt_root,
+            steps,
+            CheckpointState(global_step=steps, strategy=strategy),
+            rank=0,
+            barrier=dist.barrier,
+            portable_state=spec.method.type != MethodType.FULL,
+        )
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        step()  # the weights move on; loading must bring back the saved ones
+        moved = trainable_fingerprint(engine) != saved
+        found = checkpoint.newest(ckpt_root)
+        if found is None:
+            raise RuntimeError(f"no complete checkpoint under {ckpt_root} after the save")
+        checkpoint.load(engine, found, dist, strategy)
+        restored = trainable_fingerprint(engine)
+        if restored != saved:
+            raise RuntimeError(f"loaded trainable weights differ from the saved ones ({restored!r} != {saved!r})")
+        verified = "restore verified" if moved else "weights did not move after the save: restore unverified"
+        outcome = f"saved+loaded {size / 2**20:.1f} MiB {time.perf_counter() - began:.0f}s, {verified}"
+    except Exception as exc:  # the peaks stand; the checkpoint column says what failed
+        outcome = f"FAILED: {type(exc).__name__}: {str(exc)[:160]}"
+    finally:
+        shutil.rmtree(ckpt_root, ignore_errors=True)
+        engine.destroy()  # the next case empties the CUDA cache once this frame's tensors are gone
+    return Measured(load_peak, step_peak, compute.precision, loss_fn.name, outcome)
 
 
-def save_random_model(config: dict[str, Any], folder: Path, on_gpu: bool = False) -> Path:
-    """A random-init model saved like any local model (the trainer's loader, bitsandbytes included, reads it).
+def run_row(row: Row, body: Callable[[], Measured], limit: int | None = None) -> Row:
+    from finetune_trainer.outcome import OUT_OF_MEMORY, classify
 
-    On a GPU it is initialised there (an 8B model initialised on the host takes minutes).
-    """
+    started = time.perf_counter()
+    try:
+        measured = body()
+    except Exception as exc:  # one failing configuration must not hide the others
+        reason = classify(exc)
+        row.note = f"{'OOM' if reason == OUT_OF_MEMORY else 'failed'}: {type(exc).__name__}: {str(exc)[:160]}"
+        return row
+    row.load, row.measured, row.checkpoint = measured.load_peak, measured.step_peak, measured.checkpoint
+    row.note = f"ok {time.perf_counter() - started:.0f}s, {measured.precision}, loss: {measured.loss}"
+    if limit is not None and measured.step_peak is not None and measured.load_peak is not None:
+        row.note += f", peak {max(measured.step_peak, measured.load_peak) / limit:.0%} of the card"
+    return row
+
+
+def save_random_model(config: dict[str, Any], folder: Path, on_gpu: bool) -> Path:
+    """A random-init bf16 model saved like any local model (`load_model` reads a folder, and
+    bitsandbytes quantises while it reads). Built directly on the GPU there: an 8B model
+    initialised on the host takes minutes."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -169,126 +369,140 @@ def save_random_model(config: dict[str, Any], folder: Path, on_gpu: bool = False
     return folder
 
 
-def section_a(work: Path, on_gpu: bool, rows: list[Row]) -> None:
-    from run_gpu_ground_truth import SHAPES
+class Sections:
+    """The three sections over one work folder, one budget and the rows they print."""
 
-    dims = SHAPES[GPU_SHAPE] if on_gpu else TINY
-    config = llama_config(dims, 32000 if on_gpu else 512)
-    folder = save_random_model(config, work / "a", on_gpu)
-    seqs = (512, 2048) if on_gpu else (32, 64)
-    for method in ("lora", "qlora", "full"):
-        for stage in (0, 1, 2, 3):
-            for ckpt in (False, True):
-                for seq in seqs:
-                    label = (
-                        f"{GPU_SHAPE if on_gpu else 'tiny'} {method} ZeRO-{stage}{' ckpt' if ckpt else ''} seq={seq}"
-                    )
-                    spec = job_spec(str(folder), method, stage, ckpt, seq, 2, 141)
-                    plan, planned = planned_bytes(spec)
-                    if not on_gpu and not (ckpt and seq == seqs[0]):  # CPU: one tiny run per method and stage
-                        rows.append(Row("a", label, planned, None, "planned only (dry run)"))
-                        continue
-                    rows.append(
-                        run_row("a", label, planned, partial(train, folder, spec, plan, 3 if on_gpu else 1, on_gpu))
-                    )
+    def __init__(self, work: Path, on_gpu: bool, budget: Budget, emit: Callable[[Row], None]) -> None:
+        self.work, self.on_gpu, self.budget, self.emit = work, on_gpu, budget, emit
+        self.steps = 3 if on_gpu else 1
+        self.checkpoints = work / "checkpoints"
+        self.build_estimate = 60.0 if on_gpu else 5.0
+        """Seconds to create and save a model before it has been timed once."""
 
+    def model(self, name: str, config: dict[str, Any], scale: float = 1.0) -> Path | None:
+        folder = self.work / name
+        if (folder / "config.json").exists():
+            return folder
+        if not self.budget.allows(f"creating the model {name}", self.build_estimate * scale):
+            return None
+        began = time.monotonic()
+        save_random_model(config, folder, self.on_gpu)
+        self.build_estimate = (time.monotonic() - began) / scale
+        return folder
 
-def run_row(section: str, label: str, planned: int | None, body: Any, limit: int | None = None) -> Row:
-    from finetune_trainer.outcome import OUT_OF_MEMORY, classify
-
-    started = time.perf_counter()
-    try:
-        peak = body()
-    except Exception as exc:  # one failing configuration must not hide the others
-        reason = classify(exc)
-        note = f"{'OOM' if reason == OUT_OF_MEMORY else 'failed'}: {type(exc).__name__}: {str(exc)[:120]}"
-        return Row(section, label, planned, None, note)
-    note = f"ok {time.perf_counter() - started:.0f}s"
-    if limit is not None and peak is not None:
-        note += f", peak {peak / limit:.0%} of the card"
-    return Row(section, label, planned, peak, note)
-
-
-def section_b(work: Path, on_gpu: bool, rows: list[Row]) -> None:
-    import torch
-
-    from finetune_operator.plan.model_source import catalogue_entry
-
-    eight_b = catalogue_entry("llama-3.1-8b").config
-    for gib in CARDS_GIB:
-        spec = job_spec(EIGHT_B, "lora", "auto", True, 2048, "auto", gib)
-        plan, planned = planned_bytes(spec)
-        label = (
-            f"8B lora on {gib} GiB: ZeRO-{plan.zero_stage} opt={plan.offload_optimizer} par={plan.offload_params} "
-            f"mb={plan.micro_batch_size}{' ckpt' if plan.gradient_checkpointing else ''}"
-        )
-        if not on_gpu:
-            tiny = save_random_model(llama_config(TINY, 512), work / "b")
-            tiny_spec = job_spec(str(tiny), "lora", plan.zero_stage, plan.gradient_checkpointing, 64, 1, gib)
-            tiny_plan, _ = planned_bytes(tiny_spec)
-            rows.append(
-                run_row(
-                    "b", label + " (tiny model on CPU)", planned, partial(train, tiny, tiny_spec, tiny_plan, 1, False)
-                )
-            )
-            continue
-        limit = gib * GIB
-        torch.cuda.set_per_process_memory_fraction(limit / torch.cuda.get_device_properties(0).total_memory)
-        folder = save_random_model(eight_b, work / "8b", on_gpu=True)
-        model_spec = job_spec(str(folder), "lora", "auto", True, 2048, "auto", gib)
-        rows.append(run_row("b", label, planned, partial(train, folder, model_spec, plan, 5, True), limit))
-        torch.cuda.set_per_process_memory_fraction(1.0)
-
-
-def section_c(work: Path, on_gpu: bool, rows: list[Row]) -> None:
-    from run_gpu_ground_truth import SHAPES
-
-    config = llama_config(SHAPES[GPU_SHAPE] if on_gpu else TINY, 32000 if on_gpu else 512)
-    folder = save_random_model(config, work / "a", on_gpu)
-    seq = 1024 if on_gpu else 64
-    for method in ("qlora", "lora"):
-        spec = job_spec(str(folder), method, 0, True, seq, 2, 141)
-        plan, planned = planned_bytes(spec)
-        what = "QLoRA nf4 through bitsandbytes" if method == "qlora" else "LoRA bf16"
-        device = "CUDA bf16" if on_gpu else "CPU fp32 (dry run)"
-        rows.append(
-            run_row("c", f"{what}, {device}", planned, partial(train, folder, spec, plan, 3 if on_gpu else 1, on_gpu))
-        )
-
-
-def section_d(work: Path, on_gpu: bool, rows: list[Row]) -> None:
-    import torch
-
-    from finetune_trainer.outcome import failure_line
-
-    if on_gpu:
+    def a(self) -> None:
         from run_gpu_ground_truth import SHAPES
 
-        folder = save_random_model(llama_config(SHAPES[GPU_SHAPE], 32000), work / "a", True)
+        shape, seq, micro = (GPU_SHAPE, 2048, 2) if self.on_gpu else ("tiny", 64, 2)
+        config = llama_config(SHAPES[GPU_SHAPE] if self.on_gpu else TINY, GPU_VOCAB if self.on_gpu else 512)
+        folder = self.model("a", config)
+        longest = 0.0
+        for case in CASES:
+            label = case.label(shape, seq, micro)
+            if folder is None:
+                self.budget.skipped.append(f"a | {label}")
+                continue
+            if not self.budget.allows(f"a | {label}", longest):
+                continue
+            spec = job_spec(str(folder), case.method, case.stage, case.ckpt, seq, micro, 141)
+            plan, planned, planned_load = planned_bytes(spec)
+            began = time.monotonic()
+            row = Row("a", label, planned_load, None, planned)
+            self.emit(run_row(row, partial(train, folder, spec, plan, self.steps, self.on_gpu, self.checkpoints)))
+            longest = max(longest, time.monotonic() - began)
+
+    def b(self) -> None:
+        import torch
+
+        from finetune_operator.plan.model_source import catalogue_entry
+
+        longest = 0.0
+        for gib in CARDS_GIB:
+            spec = job_spec(EIGHT_B, "lora", "auto", True, 2048, "auto", gib)
+            plan, planned, planned_load = planned_bytes(spec)
+            label = (
+                f"8B lora on {gib} GiB: ZeRO-{plan.zero_stage} opt={plan.offload_optimizer} "
+                f"par={plan.offload_params} mb={plan.micro_batch_size}x{plan.gradient_accumulation_steps}"
+                f"{' ckpt' if plan.gradient_checkpointing else ''}"
+            )
+            if not self.on_gpu:
+                label += " (tiny model on CPU)"
+            if not self.budget.allows(f"b | {label}", longest):
+                continue
+            began = time.monotonic()
+            row = Row("b", label, planned_load, None, planned)
+            if not self.on_gpu:
+                tiny = self.model("tiny-b", llama_config(TINY, 512))
+                if tiny is None:
+                    continue
+                tiny_spec = job_spec(str(tiny), "lora", plan.zero_stage, plan.gradient_checkpointing, 64, 1, gib)
+                tiny_plan, _, _ = planned_bytes(tiny_spec)
+                self.emit(run_row(row, partial(train, tiny, tiny_spec, tiny_plan, 1, False, self.checkpoints)))
+                longest = max(longest, time.monotonic() - began)
+                continue
+            folder = self.model("8b", catalogue_entry("llama-3.1-8b").config, scale=6.0)
+            if folder is None:
+                self.budget.skipped.append(f"b | {label}")
+                continue
+            limit = gib * GIB
+            torch.cuda.set_per_process_memory_fraction(limit / torch.cuda.get_device_properties(0).total_memory)
+            model_spec = job_spec(str(folder), "lora", "auto", True, 2048, "auto", gib)
+            try:
+                self.emit(run_row(row, partial(train, folder, model_spec, plan, 2, True, self.checkpoints), limit))
+            finally:
+                torch.cuda.set_per_process_memory_fraction(1.0)
+            longest = max(longest, time.monotonic() - began)
+
+    def c(self) -> None:
+        import torch
+
+        from finetune_trainer.outcome import failure_line
+
+        if not self.on_gpu:
+            try:  # no allocator limit on CPU: the error the CUDA allocator raises, raised by hand
+                raise torch.OutOfMemoryError(
+                    "CUDA out of memory. Tried to allocate 2.00 GiB (simulated in the dry run)"
+                )
+            except torch.OutOfMemoryError as exc:
+                self.emit(Row("c", "forced OOM (simulated on CPU)", note=failure_line(exc, 0)))
+            return
+        label = f"full fine-tune of {GPU_SHAPE} on a 2 GiB card"
+        folder = self.work / "a"
+        if not (folder / "config.json").exists() or not self.budget.allows(f"c | {label}", 30.0):
+            if not (folder / "config.json").exists():
+                self.budget.skipped.append(f"c | {label}")
+            return
         spec = job_spec(str(folder), "full", 0, False, 2048, 8, 141)
-        plan, planned = planned_bytes(spec)
+        plan, planned, _ = planned_bytes(spec)
         torch.cuda.set_per_process_memory_fraction(2 * GIB / torch.cuda.get_device_properties(0).total_memory)
         try:
-            train(folder, spec, plan, 1, True)
+            train(folder, spec, plan, 1, True, self.checkpoints)
             line = "no error: the forced OOM did not happen"
         except Exception as exc:
             line = failure_line(exc, 0)
         finally:
             torch.cuda.set_per_process_memory_fraction(1.0)
-        rows.append(Row("d", "full fine-tune of 1B on a 2 GiB card", planned, None, line))
-        return
-    try:  # no allocator limit on CPU: the error the CUDA allocator raises, raised by hand
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated in the dry run)")
-    except torch.OutOfMemoryError as exc:
-        rows.append(Row("d", "forced OOM (simulated on CPU)", None, None, failure_line(exc, 0)))
+        self.emit(Row("c", label, planned=planned, note=line))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry-run", action="store_true", help="plan everything, run tiny versions on the CPU")
-    parser.add_argument("--sections", default="abcd", help="which sections to run (default abcd)")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="run every case on a tiny model on the CPU, in bf16")
+    parser.add_argument("--sections", default="abc", help="which sections to run, in order (default abc)")
     parser.add_argument("--smoke", action="store_true", help="the same as --dry-run (the benchmarks' common flag)")
+    parser.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=DEFAULT_BUDGET_SECONDS,
+        help=f"seconds from the start within which cases start (default {DEFAULT_BUDGET_SECONDS}); "
+        "cases that would not fit are skipped and named",
+    )
+    parser.add_argument(
+        "--work-dir", type=Path, default=None, help="where models and checkpoints go (default: a temp dir)"
+    )
     args = parser.parse_args(argv)
+    if bad := set(args.sections) - set("abc"):
+        parser.error(f"--sections: unknown {''.join(sorted(bad))!r}; allowed letters are a, b and c")
     args.dry_run = args.dry_run or args.smoke
     if args.dry_run:
         os.environ["DS_ACCELERATOR"] = "cpu"
@@ -304,16 +518,17 @@ def main(argv: list[str] | None = None) -> int:
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
     device = torch.cuda.get_device_name() if on_gpu else "CPU (dry run)"
     print(f"device: {device}, torch {torch.__version__}, deepspeed {deepspeed.__version__}", flush=True)
-    print("section | configuration | planned GiB | measured GiB | ratio | note", flush=True)
-    started = time.perf_counter()
-    sections = {"a": section_a, "b": section_b, "c": section_c, "d": section_d}
-    with tempfile.TemporaryDirectory() as tmp:
+    print(" | ".join(COLUMNS), flush=True)
+    budget = Budget(args.budget_seconds)
+    with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+        sections = Sections(Path(tmp), on_gpu, budget, lambda row: print(row.line(), flush=True))
+        runs = {"a": sections.a, "b": sections.b, "c": sections.c}
         for key in args.sections:
-            rows: list[Row] = []
-            sections[key](Path(tmp), on_gpu, rows)
-            for row in rows:
-                print(row.line(), flush=True)
-    print(json.dumps({"seconds": round(time.perf_counter() - started, 1), "gpu": on_gpu}), flush=True)
+            runs[key]()
+    for label in budget.skipped:
+        print(f"skipped (budget of {args.budget_seconds:.0f}s): {label}", flush=True)
+    summary = {"seconds": round(time.monotonic() - STARTED, 1), "gpu": on_gpu, "skipped": len(budget.skipped)}
+    print(json.dumps(summary), flush=True)
     return 0
 
 

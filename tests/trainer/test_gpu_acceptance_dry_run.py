@@ -1,9 +1,10 @@
-"""benchmarks/gpu_acceptance.py --dry-run: every section plans and runs its tiny CPU version.
+"""benchmarks/gpu_acceptance.py --dry-run: every case runs the trainer's step on a tiny bf16 model on CPU.
 
-The GPU run cannot happen in CI; the dry run keeps the script working there: the table has
-its four sections, (a) the full matrix (3 methods × ZeRO 0-3 × checkpointing × 2 lengths)
-with the planner's numbers, (b) a planned strategy for each emulated card, (c) QLoRA and
-bf16 rows that ran, (d) the OutOfMemory root cause.
+The GPU run cannot happen in CI; the dry run keeps the script working there: section (a) runs
+each ZeRO stage with full fine-tuning and LoRA/QLoRA, (b) a planned strategy for each emulated
+card, (c) the OutOfMemory root cause. Every case trains with the chunked LM-head loss (the one
+the planner counts) and saves and loads a checkpoint through the trainer's checkpoint module,
+and the time budget cuts the table instead of overrunning it.
 """
 
 from __future__ import annotations
@@ -15,18 +16,18 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.gpu_acceptance import CASES, COLUMNS, Budget
+
+from .conftest import free_port
+
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(600)
-def test_dry_run_prints_the_whole_table() -> None:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONWARNINGS": "ignore", "MASTER_PORT": "0"}
-    from .conftest import free_port
-
-    env["MASTER_PORT"] = str(free_port())
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "gpu_acceptance.py"), "--dry-run"],
+def dry_run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONWARNINGS": "ignore", "MASTER_PORT": str(free_port())}
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_acceptance.py"), "--dry-run", *args],
         env=env,
         check=False,
         capture_output=True,
@@ -34,24 +35,64 @@ def test_dry_run_prints_the_whole_table() -> None:
         timeout=580,
         cwd=REPO,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [line.split(" | ") for line in proc.stdout.splitlines() if line.count(" | ") == 5]
-    header, body = rows[0], rows[1:]
-    assert header == ["section", "configuration", "planned GiB", "measured GiB", "ratio", "note"]
+
+
+def table(stdout: str) -> tuple[list[str], dict[str, list[list[str]]]]:
+    rows = [line.split(" | ") for line in stdout.splitlines() if line.count(" | ") == len(COLUMNS) - 1]
     by_section: dict[str, list[list[str]]] = {}
-    for row in body:
+    for row in rows[1:]:
         by_section.setdefault(row[0], []).append(row)
-    assert sorted(by_section) == ["a", "b", "c", "d"]
-    assert len(by_section["a"]) == 3 * 4 * 2 * 2
-    for row in by_section["a"] + by_section["b"] + by_section["c"]:
-        float(row[2])  # the planner's per-GPU GiB is there
-    ran = [r for r in by_section["a"] if r[5].startswith("ok")]
-    assert len(ran) == 3 * 4, by_section["a"]
+    return rows[0], by_section
+
+
+@pytest.mark.timeout(600)
+def test_dry_run_trains_saves_and_loads_every_case() -> None:
+    proc = dry_run("--budget-seconds", "3600")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    header, by_section = table(proc.stdout)
+    assert header == list(COLUMNS)
+    assert sorted(by_section) == ["a", "b", "c"]
+    assert len(by_section["a"]) == len(CASES)
+    stages = {int(r[1].split("ZeRO-")[1][0]) for r in by_section["a"]}
+    methods = {r[1].split()[1] for r in by_section["a"]}
+    assert stages == {0, 1, 2, 3} and methods == {"full", "lora", "qlora"}, by_section["a"]
+    assert all(" bf16" in r[1] for r in by_section["a"])
     assert [r[1].split(":")[0] for r in by_section["b"]] == [
         "8B lora on 24 GiB",
         "8B lora on 40 GiB",
         "8B lora on 80 GiB",
     ]
-    assert all("ZeRO-" in r[1] and r[5].startswith("ok") for r in by_section["b"]), by_section["b"]
-    assert all(r[5].startswith("ok") for r in by_section["c"]), by_section["c"]
-    assert by_section["d"][0][5].startswith("OutOfMemory:")
+    for row in by_section["a"] + by_section["b"]:
+        float(row[4])  # the planner's step GiB is there
+        assert row[8].startswith("ok") and row[8].endswith(", bf16, loss: chunked cross entropy"), row
+        assert row[7].startswith("saved+loaded") and row[7].endswith("restore verified"), row
+    qlora_zero3 = next(r for r in by_section["a"] if "qlora ZeRO-3" in r[1])
+    float(qlora_zero3[2])  # the planner plans a load peak for QLoRA under ZeRO-3
+    assert by_section["c"][0][8].startswith("OutOfMemory:")
+    assert '"skipped": 0' in proc.stdout
+    assert not [line for line in proc.stdout.splitlines() if line.startswith("skipped")]
+
+
+@pytest.mark.timeout(300)
+def test_an_exhausted_budget_skips_every_case_and_names_it() -> None:
+    proc = dry_run("--budget-seconds", "0", "--sections", "ab")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    header, by_section = table(proc.stdout)
+    assert header == list(COLUMNS) and by_section == {}
+    skipped = [line for line in proc.stdout.splitlines() if line.startswith("skipped (budget of 0s): ")]
+    assert skipped[0].endswith("creating the model a")
+    assert sum(" | tiny " in line for line in skipped) == len(CASES)
+    assert sum("8B lora on" in line for line in skipped) == 3
+    assert '"skipped": ' + str(len(skipped)) in proc.stdout
+
+
+def test_the_budget_starts_a_task_only_while_its_estimate_fits() -> None:
+    now = [100.0]
+    budget = Budget(60, started=100.0, clock=lambda: now[0])
+    assert budget.allows("first", 0)
+    now[0] = 130.0
+    assert budget.allows("fits", 30)
+    assert not budget.allows("too long", 31)
+    now[0] = 161.0
+    assert not budget.allows("late", 0)
+    assert budget.skipped == ["too long", "late"]
