@@ -661,8 +661,8 @@ class EnvVar(RuledModel):
     name: Annotated[str, Field(min_length=1, max_length=128, pattern=ENV_NAME_PATTERN)]
     value: Annotated[str, Field(max_length=MAX_ENV_VALUE)] | None = Field(
         default=None,
-        description="At most 4 KiB (64 of them fit the StatefulSet and ConfigMap the operator writes; "
-        "32 KiB values once made the ConfigMap exceed 1 MiB and the job was left without status).",
+        description="At most 4 KiB, so that 64 of them fit the StatefulSet and the ConfigMap the operator "
+        "writes (a ConfigMap holds at most 1 MiB).",
     )
     value_from: EnvSource | None = None
 
