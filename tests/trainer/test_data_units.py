@@ -150,7 +150,7 @@ def test_packing_restarts_positions_and_never_splits_samples() -> None:
     rows = pack(_samples([5, 3, 7, 2, 6]), max_len=10)
     assert sorted(n for r in rows for n in r.lengths) == [2, 3, 5, 6, 7]
     assert all(len(r) <= 10 for r in rows)
-    batch = collate(rows, pad_id=0, explicit_mask=True)
+    batch = collate(rows, pad_id=0)
     first = rows[0]
     positions = batch["position_ids"][0].tolist()
     start = 0
@@ -165,7 +165,7 @@ def test_packing_restarts_positions_and_never_splits_samples() -> None:
 def test_packed_mask_is_block_diagonal_causal() -> None:
     rows = pack(_samples([3, 2]), max_len=8)
     assert len(rows) == 1
-    mask = collate(rows, pad_id=0, explicit_mask=True)["attention_mask"][0, 0]
+    mask = collate(rows, pad_id=0)["attention_mask"][0, 0]
     expected = [
         [1, 0, 0, 0, 0],
         [1, 1, 0, 0, 0],
@@ -177,7 +177,7 @@ def test_packed_mask_is_block_diagonal_causal() -> None:
 
 
 def test_unpacked_batches_are_right_padded_with_2d_mask() -> None:
-    batch = collate(unpacked(_samples([4, 2])), pad_id=0, explicit_mask=True)
+    batch = collate(unpacked(_samples([4, 2])), pad_id=0)
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
     assert batch["labels"][1, 2:].tolist() == [IGNORE_INDEX, IGNORE_INDEX]
     assert batch["useful_tokens"] == 6
@@ -423,7 +423,7 @@ def test_evaluation_runs_at_the_planned_micro_batch(monkeypatch: pytest.MonkeyPa
     trainer = SimpleNamespace(
         engine=SimpleNamespace(module=None), val_rows=[], plan=SimpleNamespace(micro_batch_size=3),
         dist=SimpleNamespace(rank=0, world=1, sum=None), tokenizer=SimpleNamespace(pad_token_id=0),
-        explicit_mask=False, loss=None, demo_prompts=[], metrics=None,
+        loss=None, demo_prompts=[], metrics=None,
     )  # fmt: skip
     assert Trainer.evaluate(cast(Any, trainer)) == {"eval_loss": 1.0}
     assert seen["batch"] == 3

@@ -46,12 +46,12 @@ def test_packed_loss_equals_mean_of_per_sample_losses(tiny_model_dir: Path) -> N
     rows = pack([s for s in samples if s], max_len=128)
     assert len(rows) == 1 and len(rows[0].lengths) == 4
     with torch.no_grad():
-        packed_losses, packed_valid, packed_mean = _token_losses(model, collate(rows, tok.pad_token_id, True))
+        packed_losses, packed_valid, packed_mean = _token_losses(model, collate(rows, tok.pad_token_id))
         singles = []
         sums = []
         counts = []
         for row in unpacked([s for s in samples if s]):
-            losses, valid, _ = _token_losses(model, collate([row], tok.pad_token_id, True))
+            losses, valid, _ = _token_losses(model, collate([row], tok.pad_token_id))
             singles.append(losses[valid])
             sums.append(float(losses[valid].sum()))
             counts.append(int(valid.sum()))
@@ -70,7 +70,7 @@ def test_without_the_mask_samples_would_leak(tiny_model_dir: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
     samples = [tokenize_record({"text": t}, "text", tok, 64) for t in ("red fox blue owl", "cat dog sun moon")]
     rows = pack([s for s in samples if s], max_len=64)
-    batch = collate(rows, tok.pad_token_id, True)
+    batch = collate(rows, tok.pad_token_id)
     with torch.no_grad():
         masked = _token_losses(model, batch)[0]
         leaky = _token_losses(model, {**batch, "attention_mask": torch.ones_like(batch["input_ids"])})[0]

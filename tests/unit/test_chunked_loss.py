@@ -105,7 +105,7 @@ def _batch(packed: bool) -> dict[str, torch.Tensor]:
         Sample((1, 40, 41), (IGNORE_INDEX, 40, 41)),
     ]
     rows: list[Row] = pack(samples, 16) if packed else unpacked(samples)
-    return {k: v for k, v in collate(rows, 0, True).items() if isinstance(v, torch.Tensor)}
+    return {k: v for k, v in collate(rows, 0).items() if isinstance(v, torch.Tensor)}
 
 
 def _step(model: Any, loss_of: Any) -> tuple[float, dict[str, torch.Tensor]]:
@@ -177,7 +177,7 @@ def test_validation_loss_equals_the_full_logits_token_mean() -> None:
     ]
     rows = unpacked(samples)
     with torch.no_grad():  # the token-weighted mean, by hand, from the full logits
-        batch = collate(rows, 0, True)
+        batch = collate(rows, 0)
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
         labels = batch["labels"][:, 1:]
         losses = torch.nn.functional.cross_entropy(
@@ -189,13 +189,13 @@ def test_validation_loss_equals_the_full_logits_token_mean() -> None:
     # world 2, rank 1: rows 1 and a zero-weight repeat of it; batch 1 splits the shard in two forwards
     for rank, world, expect in ((0, 1, want), (1, 2, None)):
         got = eval_loss(
-            model, rows, rank=rank, world=world, batch=1, pad_id=0, explicit_mask=True,
+            model, rows, rank=rank, world=world, batch=1, pad_id=0,
             all_reduce_sum=lambda v: v, loss=loss,
         )  # fmt: skip
         if expect is not None:
             assert got == pytest.approx(expect, rel=1e-6)
         else:
             with torch.no_grad():
-                one = collate([rows[1]], 0, True)
+                one = collate([rows[1]], 0)
                 alone = model(input_ids=one["input_ids"], labels=one["labels"]).loss
             assert got == pytest.approx(float(alone), rel=1e-6)  # the repeat weighs nothing

@@ -33,7 +33,6 @@ def eval_loss(
     world: int,
     batch: int,
     pad_id: int,
-    explicit_mask: bool,
     all_reduce_sum: Callable[[list[float]], list[float]],
     loss: Callable[[Any, dict[str, Any]], Any],
 ) -> float | None:
@@ -52,7 +51,7 @@ def eval_loss(
     with torch.no_grad():
         for start in range(0, len(shard), batch):
             part = shard[start : start + batch]
-            b = collate([rows[i] for i, _ in part], pad_id, explicit_mask)
+            b = collate([rows[i] for i, _ in part], pad_id)
             device = next(model.parameters()).device
             inputs: dict[str, Any] = {k: b[k].to(device) for k in ("input_ids", "position_ids") if k in b}
             if "attention_mask" in b:

@@ -196,7 +196,6 @@ class Trainer:
         max_len = spec.dataset.max_seq_length
         self.rows: list[Row] = pack(train, max_len) if spec.dataset.packing else unpacked(train)
         self.val_rows: list[Row] = unpacked(val)
-        self.explicit_mask = True  # SDPA everywhere (`modeling.compute_settings`): padded and packed rows carry masks
         self.demo_prompts: list[list[int]] = []
         self.demo_answers: list[str] = []
         if builtin.is_builtin(spec.dataset.uri):
@@ -237,7 +236,6 @@ class Trainer:
             world=self.dist.world,
             batch=self.plan.micro_batch_size,  # a forward without gradients at the planned batch fits the plan
             pad_id=int(self.tokenizer.pad_token_id),
-            explicit_mask=self.explicit_mask,
             all_reduce_sum=self.dist.sum,
             loss=self.loss,
         )
@@ -368,7 +366,7 @@ class Trainer:
         totals = _StepTotals()
         for indices in self.sampler.micro_batches(step, self.dist.rank):
             t0 = time.perf_counter()
-            batch = collate([self.rows[i] for i in indices], int(self.tokenizer.pad_token_id), self.explicit_mask)
+            batch = collate([self.rows[i] for i in indices], int(self.tokenizer.pad_token_id))
             inputs = {k: v.to(self.engine.device) for k, v in batch.items() if hasattr(v, "to")}
             totals.wait += time.perf_counter() - t0
             loss = self.loss(self.engine, inputs)

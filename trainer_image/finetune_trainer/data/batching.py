@@ -58,12 +58,12 @@ def pack(samples: Sequence[Sample], max_len: int) -> list[Row]:
     return out
 
 
-def collate(rows: Sequence[Row], pad_id: int, explicit_mask: bool) -> dict[str, Any]:
+def collate(rows: Sequence[Row], pad_id: int) -> dict[str, Any]:
     """Tensors for one micro-batch.
 
-    `explicit_mask` builds a 4D boolean mask (True = may attend) that is causal within each
-    packed sample; padding attends only to padding, so no softmax row is empty.
-    Without it, packed rows rely on restarting `position_ids` (flash-attention varlen).
+    Packed rows get a 4D boolean mask (True = may attend) that is causal within each packed
+    sample, padding attending only to padding so that no softmax row is empty; unpacked rows
+    a padding mask.
     """
     import torch
 
@@ -88,11 +88,11 @@ def collate(rows: Sequence[Row], pad_id: int, explicit_mask: bool) -> dict[str, 
     trained = int((labels[:, 1:] != IGNORE_INDEX).sum())  # the model shifts labels: position 0 is never a target
     out: dict[str, Any] = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
     packed = any(len(r.lengths) > 1 for r in rows)
-    if packed and explicit_mask:
+    if packed:
         causal = torch.ones((width, width), dtype=torch.bool).tril()
         same = segment[:, :, None] == segment[:, None, :]
         out["attention_mask"] = (same & causal)[:, None, :, :]
-    elif not packed:
+    else:
         out["attention_mask"] = (segment >= 0).long()
     return {**out, "useful_tokens": useful, "trained_tokens": trained, "samples": sum(len(r.lengths) for r in rows)}
 
