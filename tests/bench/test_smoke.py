@@ -103,6 +103,15 @@ SMOKES = [
         timeout=600,
         marks=CLUSTER,
     ),
+    Smoke(
+        "checkpoint_storage.py",
+        (
+            r"^\| tiny \| claim \| \d+\.\d\d \| 1\.00x \| \d+\.\d\d \| 1\.00x \|$",
+            r"^\| tiny \| s3 \| \d+\.\d\d \| \d+\.\d\dx \| \d+\.\d\d \| \d+\.\d\dx \|$",
+        ),
+        timeout=600,
+        marks=TRAINER,
+    ),
 ]
 
 

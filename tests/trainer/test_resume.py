@@ -125,6 +125,9 @@ def test_sigkill_mid_epoch_then_resume_matches(
     assert f"resumed from {out / 'checkpoints' / saved[-1]}" in second.log()
     summary = json.loads(second.termination())  # the operator's Event comes from this when no scrape saw the resume
     assert (summary["steps"], summary["resumedFromStep"], summary["checkpointConverted"]) == (STEPS, resume_from, False)
+    logged = second.train_log()  # both runs': the save and load times benchmarks/checkpoint_storage.py reads
+    assert [e["step"] for e in logged if "resume" in e] == [resume_from]
+    assert resume_from in [e["step"] for e in logged if e.get("checkpoint", {}).get("seconds", -1) >= 0]
     _assert_equivalent(second, reference, resume_from + 1)
 
 

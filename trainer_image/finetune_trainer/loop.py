@@ -310,12 +310,14 @@ class Trainer:
             if removed:
                 log.warning("removed incomplete checkpoints %s (a save was interrupted)", removed)
         self.dist.barrier()
+        t0 = time.perf_counter()
         if self.s3 is not None:
             self.s3.stage_newest(self.ckpt_root, self.strategy)
         loaded = self._load_newest_readable()
         if loaded is None:
             return CheckpointState(global_step=0)
         found, converted = loaded
+        self._record({"step": found.step, "resume": {"seconds": round(time.perf_counter() - t0, 4)}})
         self.engine.global_steps = found.state.global_step
         self.engine.global_samples = self.engine.global_steps * self.sampler.per_step
         if rank == 0:
@@ -522,8 +524,10 @@ class Trainer:
             self.s3.publish(self.ckpt_root, state.global_step, self.spec.training.checkpoints_to_keep)
         if self.dist.rank == 0:
             checkpoint.prune(self.ckpt_root, self.spec.training.checkpoints_to_keep)
+        seconds = time.perf_counter() - t0
+        self._record({"step": state.global_step, "checkpoint": {"seconds": round(seconds, 4)}})
         if self.metrics is not None:
-            self.metrics.checkpoint_done(time.perf_counter() - t0)
+            self.metrics.checkpoint_done(seconds)
 
     def _finish(
         self,
