@@ -343,3 +343,57 @@ def test_a_failed_upload_commits_nothing_and_leaves_the_previous_checkpoint(tmp_
         "trainable_state.pt",
         "trainer_state.json",
     ]
+
+
+def test_mirroring_shows_its_progress_on_node_0s_metrics_port(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """While a pod mirrors its s3:// inputs, the operator's own progress reader sees the bytes
+    in the cache grow against the bucket's listing, as for a hub download."""
+    import socket
+    import time
+    from datetime import UTC, datetime
+
+    from finetune_operator.reconcile.progress import Sample, scrape, to_progress
+    from finetune_trainer import prefetch
+    from tests.factories import make_job
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("FTJOB_METRICS_PORT", str(port))
+    monkeypatch.setenv("FTJOB_POD_IP", "127.0.0.1")
+    monkeypatch.setenv("FTJOB_S3_MIRROR", str(tmp_path / "mirror"))
+    monkeypatch.setattr(prefetch, "POLL_SECONDS", 0.05)
+    half_gib = 2**29
+    seen: list[str | None] = []
+
+    class SparseStore(MemoryStore):
+        """Objects of 0.5 GiB written sparse; the gauges are read after each one lands."""
+
+        def list(self, prefix: S3Uri) -> dict[str, int]:
+            if prefix.key == "train.jsonl":
+                return {prefix.key: half_gib}
+            return {f"{prefix.key}/model-{n}.safetensors": half_gib for n in range(2)}
+
+        def download(self, uri: S3Uri, path: Path) -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("wb") as blob:
+                blob.truncate(half_gib)
+            time.sleep(0.3)  # a few polls of the cache
+            values = scrape(f"http://127.0.0.1:{port}/metrics")
+            assert values is not None, "the mirroring progress is not served"
+            seen.append(to_progress(datetime.now(UTC), Sample(0.0, values), None).summary)
+
+    job = make_job(
+        model={"uri": "s3://models/base/tiny", "architecture": "meta-llama/Llama-3.1-8B"},
+        dataset={"uri": "s3://data/train.jsonl"},
+        objectStorage={"credentials": {"secretName": "s3-keys"}, "endpoint": "http://127.0.0.1:9"},
+    )
+    local = s3_inputs.fetch(job.spec, node_rank=0, store=SparseStore())  # type: ignore[arg-type]
+    assert [p.relative_to(tmp_path / "mirror") for p in local] == [Path("models/base/tiny"), Path("data/train.jsonl")]
+    assert seen == [
+        "downloading model 0.5/1.5 GiB (33%)",
+        "downloading model 1.0/1.5 GiB (66%)",
+        "downloading model 1.5/1.5 GiB (100%)",
+    ]
+    assert s3_inputs.fetch(job.spec, node_rank=1, store=SparseStore()) == local  # type: ignore[arg-type]
+    assert len(seen) == 3, "a restarted pod with a complete mirror downloads nothing again"
