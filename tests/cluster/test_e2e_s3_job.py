@@ -2,13 +2,18 @@
 
 The S3 server is SeaweedFS on loopback. The job reads its model (the demo's tiny Llama, put in
 the bucket) and its data from it, stages checkpoints on each pod's scratch emptyDir and commits
-them to the bucket. Both ranks are SIGKILLed once, two steps after the first checkpoint was
-committed; the restarted gang resumes from that committed checkpoint and Succeeds, leaving the
-committed checkpoints, the adapter and the completion record under the job's prefix, with an
-adapter equal (within ADAPTER_ATOL) to that of an uninterrupted `ftjob run` of the same job
-(the same world size, data and seeds), run on this machine meanwhile. The keys
-reach the pods only through secretKeyRef: they appear in no object of the bucket, no pod spec,
-Event or status, and not in the operator's log.
+them to the bucket. Both ranks are SIGKILLed twice: two steps after the first checkpoint was
+committed, and then in the middle of the second checkpoint's upload (after its first file). Each
+restarted gang resumes from the newest committed checkpoint (the half-uploaded one does not
+exist and is deleted) and the job Succeeds, leaving the committed checkpoints, the adapter and
+the completion record under the job's prefix, with an adapter equal (within ADAPTER_ATOL) to
+that of an uninterrupted `ftjob run` of the same job (the same world size, data and seeds), run
+on this machine meanwhile. The keys reach the pods only through secretKeyRef: they appear in no
+object of the bucket, no pod spec, Event or status, and not in the operator's log.
+
+A second job meets the S3 server stopped for OUTAGE_S seconds in the middle of a checkpoint
+upload: its ranks retry under `spec.objectStorage.retryTimeoutSeconds`, the upload completes
+when the server is back, and the job Succeeds without a restart, every checkpoint committed.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,11 +32,11 @@ from typing import Any
 import pytest
 import yaml
 
-from finetune_localcluster import Kube, LocalCluster
+from finetune_localcluster import Kube, LocalCluster, wait_for
 from finetune_localcluster.devtools import OperatorProcess, free_port, kubectl
 from finetune_localcluster.s3server import S3Server
 from tests.cluster.operator_harness import Jobs
-from tests.cluster.process_jobs import assert_same_adapter, tiny_job
+from tests.cluster.process_jobs import assert_same_adapter, tiny_job, worker_pids
 from tests.support.s3 import (
     BUCKET,
     checkpoint_folders,
@@ -46,6 +52,9 @@ from tests.support.s3 import (
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 MAX_STEPS, CHECKPOINT_EVERY, KILL_AT = 12, 4, 6
+SECOND = 2 * CHECKPOINT_EVERY
+"""The checkpoint whose upload is cut (by a kill in the first test, an outage in the second)."""
+OUTAGE_S = 60
 SECRET = "s3-keys"
 JOB = "tiny-cpu"
 
@@ -156,25 +165,28 @@ def test_two_node_job_on_s3_without_a_claim_resumes_from_its_committed_checkpoin
     doc = s3_job(ns, s3, output)
     (tmp_path / "once").mkdir()
     doc["spec"]["env"] += [
-        # Both ranks, once: step 4's checkpoint is committed (publish returns after the manifest is put).
-        {"name": "FTJOB_FAULT_KILL", "value": f"step:{KILL_AT}"},
+        # Both ranks, once each: at step 6 (step 4's checkpoint is committed: publish returns after
+        # the manifest is put), then after the first file of step 8's upload, before its manifest.
+        {"name": "FTJOB_FAULT_KILL", "value": f"step:{KILL_AT},upload:{SECOND}"},
         {"name": "FTJOB_FAULT_ONCE_DIR", "value": str(tmp_path / "once")},  # outlives the pods' scratch
     ]
-    doc["spec"]["failurePolicy"] = {"backoffLimit": 2}
+    doc["spec"]["failurePolicy"] = {"backoffLimit": 3}
     kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(doc))
     try:
         status = jobs.wait_state("Succeeded", name=JOB, timeout=720)
     except BaseException:
         print(jobs.describe(JOB), "\noperator log:", operator.log_tail())
         raise
-    assert sorted(p.name for p in (tmp_path / "once").glob(".fault-kill-*")) == [
-        f".fault-kill-step-{KILL_AT}-rank{rank}" for rank in (0, 1)
-    ]  # the kill fired, on both ranks
-    assert status["restarts"] == 1, status.get("lastFailure")
+    assert sorted(p.name for p in (tmp_path / "once").glob(".fault-kill-*")) == sorted(
+        f".fault-kill-{point}-rank{rank}" for point in (f"step-{KILL_AT}", f"upload-{SECOND}") for rank in (0, 1)
+    )  # both kills fired, on both ranks
+    assert status["restarts"] == 2, status.get("lastFailure")
+    # after the kill mid-upload too: step 8's half-uploaded folder had no manifest
     assert status["progress"]["resumedFromStep"] == CHECKPOINT_EVERY, status["progress"]
     jobs.wait_events({"ResumedFromCheckpoint", "Completed"}, name=JOB)
     resumed = [e["message"] for e in jobs.events(JOB) if e["reason"] == "ResumedFromCheckpoint"]
     assert [m for m in resumed if f"resumed from the step-{CHECKPOINT_EVERY} checkpoint" in m], resumed
+    assert not [m for m in resumed if f"step-{SECOND} checkpoint" in m], resumed
     assert status["result"]["adapterUri"] == f"s3://{BUCKET}/{output}/adapter"
     assert status["result"]["steps"] == MAX_STEPS
 
@@ -199,3 +211,58 @@ def test_two_node_job_on_s3_without_a_claim_resumes_from_its_committed_checkpoin
     got = download_folder(client, f"{output}/adapter", tmp_path / "got" / "adapter").parent
     assert_same_adapter(got, want, f"killed at step {KILL_AT}, resumed from step {CHECKPOINT_EVERY}")
     assert _objects_holding(s3, secrets) == []  # the job's objects, the reference run's and the inputs
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP), from /proc/PID/stat's state field."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] == "T"
+
+
+def test_an_outage_of_the_s3_server_during_a_checkpoint_upload_is_ridden_out_without_losing_a_checkpoint(
+    s3: S3Server,
+    kube: Kube,
+    kubeconfig: Path,
+    local_cluster: LocalCluster,
+    restricted_namespace: str,
+    operator: OperatorProcess,
+) -> None:
+    ns, client = restricted_namespace, s3.client()
+    jobs = Jobs(kube, ns)
+    output = f"runs/{ns}/{JOB}"
+    kube.create(f"/api/v1/namespaces/{ns}/secrets", {"metadata": {"name": SECRET}, "stringData": key_env(s3)})
+    doc = s3_job(ns, s3, output)
+    doc["spec"]["objectStorage"]["retryTimeoutSeconds"] = 5 * OUTAGE_S
+    # Each rank stops itself after the first file of step 8's upload, so the outage starts mid-upload.
+    doc["spec"]["env"] += [{"name": "FTJOB_FAULT_STOP", "value": f"upload:{SECOND}"}]
+    doc["spec"]["failurePolicy"] = {"backoffLimit": 0}  # riding it out means no restart
+    kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(doc))
+
+    def both_stopped() -> list[int] | None:
+        pids = [pid for index in (0, 1) for pid in worker_pids(f"{JOB}-{index}", ns)]
+        return pids if len(pids) == 2 and all(map(_stopped, pids)) else None
+
+    try:
+        pids = wait_for(both_stopped, 480, f"both ranks to stop in the middle of step {SECOND}'s upload")
+        assert committed_steps(client, output) == [CHECKPOINT_EVERY]
+        s3.stop()
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(OUTAGE_S)  # the ranks' uploads meet a dead endpoint, and retry
+        assert not [pid for pid in pids if not Path(f"/proc/{pid}").exists()], "a rank gave up during the outage"
+        assert jobs.status(JOB).get("restarts", 0) == 0
+    finally:
+        if s3.proc is None:
+            s3.start()
+    try:
+        status = jobs.wait_state("Succeeded", name=JOB, timeout=480)
+    except BaseException:
+        print(jobs.describe(JOB), "\noperator log:", operator.log_tail())
+        raise
+    assert status.get("restarts", 0) == 0, status.get("lastFailure")
+    assert status["result"]["steps"] == MAX_STEPS
+    assert committed_steps(client, output) == [CHECKPOINT_EVERY, SECOND]
+    assert checkpoint_folders(client, output) == {"step-00000004", "step-00000008"}
