@@ -30,11 +30,12 @@ if ((${#tiers[@]} == 0)); then
   for tier in "${ALL_TIERS[@]}"; do [[ -d tests/$tier ]] && tiers+=("$tier"); done
 fi
 
-# Two lanes run side by side: the tiers that train on the CPU the whole time (trainer,
-# prometheus, bench) and the ones that mostly wait on a control plane or a build (unit first,
-# then cluster, robustness, images). On 2 cores that overlaps one lane's waiting with the
-# other's training (measured in the README); FTJOB_TEST_LANES=1 runs everything in one lane.
-declare -A LANE=([trainer]=train [prometheus]=train [bench]=train)
+# Two lanes run side by side: the trainer tier, which trains on the CPU the whole time, and
+# the rest (unit first, then cluster, robustness and images, which mostly wait on a control
+# plane or a build, then prometheus and bench). On 2 cores that overlaps one lane's waiting
+# with the other's training, and the two lanes end about together (measured in the README);
+# FTJOB_TEST_LANES=1 runs everything in one lane.
+declare -A LANE=([trainer]=train)
 declare -A TIER_ARGS=([unit]="-n 2")
 RESULTS=$(mktemp -d)
 trap 'rm -rf "$RESULTS"' EXIT
@@ -81,7 +82,7 @@ else
   main_lane
   wait "$train_pid"
   if [[ -s $RESULTS/train.log ]]; then
-    printf '\n\033[1m== the training lane (trainer, prometheus, bench), run beside the above\033[0m\n'
+    printf '\n\033[1m== the training lane (the trainer tier), run beside the above\033[0m\n'
     cat "$RESULTS/train.log"
   fi
 fi
