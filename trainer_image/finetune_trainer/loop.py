@@ -163,8 +163,11 @@ class Trainer:
             prepared.DataSettings.of(spec), self.tokenizer, self.out / ".cache" / "data", self.local_rank
         )
         self.skipped = data.skipped
-        for warning in data.warnings if self.dist.rank == 0 else []:
-            log.warning("%s", warning)
+        tokenising = round(self.dist.sum([float(data.tokenized)])[0])
+        if self.dist.rank == 0:
+            log.info("dataset tokenised by %d of %d ranks, read from %s", tokenising, self.dist.world, data.folder)
+            for warning in data.warnings:
+                log.warning("%s", warning)
         self.rows: Sequence[Row] = data.rows
         self.val_rows: Sequence[Row] = data.val_rows
         self.demo_prompts: list[list[int]] = []
