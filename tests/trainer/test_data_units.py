@@ -12,7 +12,8 @@ from finetune_trainer import builtin, evaluation, outcome
 from finetune_trainer.data.batching import EpochSampler, collate, pack, unpacked
 from finetune_trainer.data.formats import IGNORE_INDEX, Sample, tokenize_record
 from finetune_trainer.data.loading import DataError, DataUnavailable, load_samples, raw_records
-from finetune_trainer.loop import Trainer, split_validation
+from finetune_trainer.data.prepared import split_validation
+from finetune_trainer.loop import Trainer
 from finetune_trainer.paths import resolve_uri
 from finetune_trainer.schedule import lr_lambda
 from finetune_trainer.settings import ConfigError

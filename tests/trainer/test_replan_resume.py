@@ -273,6 +273,9 @@ def test_full_fine_tuning_converts_a_checkpoint_once(
 
     zero2 = launch(config("config-2", 2), out, tag="zero2", env={"FTJOB_FAULT_KILL": f"step:{CHECKPOINT_EVERY + 2}"})
     assert zero2.wait(300) != 0 and checkpoint_dir.is_dir(), zero2.log()[-3000:]
+    # one rank of the node tokenises the dataset; the restarts below read its arrays (any strategy)
+    assert "dataset tokenised by 1 of 2 ranks" in zero2.log(), zero2.log()[-3000:]
+    assert len(list((out / ".cache" / "data").iterdir())) == 1
     shards = _digests(checkpoint_dir)
     interrupted = zero2.losses()[first_step]
 
@@ -280,6 +283,7 @@ def test_full_fine_tuning_converts_a_checkpoint_once(
     converting = launch(zero3, out, tag="convert", env={"FTJOB_FAULT_KILL": f"step:{first_step}"})
     assert converting.wait(300) != 0, converting.log()[-3000:]
     log = converting.log()
+    assert "dataset tokenised by 0 of 2 ranks" in log, log[-3000:]
     assert f"converting checkpoint {checkpoint_dir} to a universal checkpoint" in log, log[-3000:]
     assert (converted / "zero").is_dir() and not list(out.glob("checkpoints/.tmp-*")), sorted(out.rglob("*"))
     assert _digests(checkpoint_dir) == shards

@@ -13,17 +13,19 @@ import json
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.pod_contract import CheckpointState, TrainingStrategy, TrainingSummary
-from finetune_operator.api.spec import DatasetFormat, MalformedLinePolicy, MethodType
+from finetune_operator.api.spec import DatasetFormat, MethodType
 
-from . import builtin, checkpoint, evaluation, export, modeling, s3_checkpoints, universal
-from .data.batching import EpochSampler, Row, collate, pack, unpacked
+from . import checkpoint, evaluation, export, modeling, s3_checkpoints, universal
+from .data import prepared
+from .data.batching import EpochSampler, Row, collate
 from .data.formats import prompt_and_answer
-from .data.loading import DataError, load_samples
+from .data.loading import DataError
 from .devices import float64_on_rank
 from .loss import training_loss
 from .metrics import RankMetrics
@@ -33,7 +35,6 @@ from .tracking.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
-EXACT_MATCH_LIMIT = 64
 LOG_FILE = "train_log.jsonl"
 
 
@@ -68,16 +69,6 @@ class Dist:
         if self.world > 1:
             self._dist.all_reduce(tensor)
         return [float(v) for v in tensor.tolist()]
-
-
-def split_validation(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Deterministic (train, validation) index split."""
-    import random
-
-    order = list(range(n))
-    random.Random(seed).shuffle(order)
-    size = min(n - 1, max(1, round(n * fraction))) if fraction > 0 and n > 1 else 0
-    return sorted(order[size:]), sorted(order[:size])
 
 
 class Trainer:
@@ -168,41 +159,23 @@ class Trainer:
 
     def _load_data(self) -> None:
         spec = self.spec
-        data = load_samples(
-            spec.dataset.uri,
-            str(spec.dataset.format),
-            self.tokenizer,
-            spec.dataset.max_seq_length,
-            skip_malformed=spec.dataset.on_malformed_line == MalformedLinePolicy.SKIP,
+        data = prepared.prepare(
+            prepared.DataSettings.of(spec), self.tokenizer, self.out / ".cache" / "data", self.local_rank
         )
-        held_out = data
-        if spec.dataset.validation_uri is not None:
-            held_out = load_samples(
-                spec.dataset.validation_uri,
-                str(spec.dataset.format),
-                self.tokenizer,
-                spec.dataset.max_seq_length,
-                skip_malformed=spec.dataset.on_malformed_line == MalformedLinePolicy.SKIP,
-            )
-        self.skipped = data.malformed + (held_out.malformed if held_out is not data else 0)
-        for loaded in {id(data): data, id(held_out): held_out}.values():
-            if loaded.malformed and self.dist.rank == 0:
-                log.warning("skipped %d malformed records; first: %s", loaded.malformed, loaded.first_problem)
-        train_idx, val_idx = split_validation(len(data.samples), spec.dataset.held_out_fraction, spec.training.seed)
-        if held_out is not data:
-            val_idx = list(range(len(held_out.samples)))
-        train = [data.samples[i] for i in train_idx]
-        val = [held_out.samples[i] for i in val_idx]
-        max_len = spec.dataset.max_seq_length
-        self.rows: list[Row] = pack(train, max_len) if spec.dataset.packing else unpacked(train)
-        self.val_rows: list[Row] = unpacked(val)
+        self.skipped = data.skipped
+        tokenising = round(self.dist.sum([float(data.tokenized)])[0])
+        if self.dist.rank == 0:
+            log.info("dataset tokenised by %d of %d ranks, read from %s", tokenising, self.dist.world, data.folder)
+            for warning in data.warnings:
+                log.warning("%s", warning)
+        self.rows: Sequence[Row] = data.rows
+        self.val_rows: Sequence[Row] = data.val_rows
         self.demo_prompts: list[list[int]] = []
         self.demo_answers: list[str] = []
-        if builtin.is_builtin(spec.dataset.uri):
-            for i in val_idx[:EXACT_MATCH_LIMIT]:
-                prompt, answer = self._prompt(held_out.records[i])
-                self.demo_prompts.append(prompt)
-                self.demo_answers.append(answer)
+        for record in data.demo_records:
+            prompt, answer = self._prompt(record)
+            self.demo_prompts.append(prompt)
+            self.demo_answers.append(answer)
         plan = self.plan
         self.sampler = EpochSampler(
             len(self.rows), self.dist.world, plan.micro_batch_size, plan.gradient_accumulation_steps, spec.training.seed

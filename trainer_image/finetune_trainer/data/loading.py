@@ -56,6 +56,14 @@ def _files(path: Path) -> list[Path]:
     return [path]
 
 
+def source_files(uri: str) -> list[Path] | None:
+    """The local files a dataset URI reads, in reading order; None for built-in and hub datasets."""
+    if builtin.is_builtin(uri):
+        return None
+    local = resolve_uri(uri)
+    return None if local is None else _files(Path(local))
+
+
 def _read_file(path: Path) -> Iterator[RawRecord]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq  # type: ignore[import-untyped]
