@@ -12,7 +12,11 @@ the other (so a 2-core machine measures work, not contention), on a JSONL file o
 Printed per mode: CPU seconds summed over the ranks, and the rows' private memory (USS
 growth) summed over the ranks; the memory maps are page cache, shared by the node.
 
-    DS_ACCELERATOR=cpu .venv/bin/python benchmarks/data_prepare.py [--ranks 8] [--records 5000]
+and the shared mode's ratio to the old one (the baseline, run side by side).
+
+    DS_ACCELERATOR=cpu .venv/bin/python benchmarks/data_prepare.py [--ranks 8] [--records 5000] [--smoke]
+
+`--smoke` runs 2 ranks on 300 records; it exits 1 if a mode produced no rows.
 """
 
 from __future__ import annotations
@@ -57,11 +61,14 @@ def _rank(
     queue.put((time.process_time() - before_cpu, process.memory_full_info().uss - before_mem, count))
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--records", type=int, default=5000)
+    parser.add_argument("--smoke", action="store_true", help="2 ranks, 300 records")
     args = parser.parse_args()
+    if args.smoke:
+        args.ranks, args.records = 2, 300
     from finetune_trainer import builtin
 
     context = multiprocessing.get_context("spawn")
@@ -73,6 +80,7 @@ def main() -> None:
         )
         print(f"{args.ranks} local ranks, {args.records} records, packed at {MAX_LEN} tokens")
         print(f"{'mode':8} {'CPU s (all ranks)':>18} {'private MiB (all ranks)':>24} {'rows':>7}")
+        measured: dict[str, tuple[float, float, int]] = {}
         for mode in ("each", "shared"):
             cpu = mem = 0.0
             count = 0
@@ -85,7 +93,15 @@ def main() -> None:
                 cpu += seconds
                 mem += grown / 2**20
             print(f"{mode:8} {cpu:18.2f} {mem:24.1f} {count:7d}")
+            measured[mode] = (cpu, mem, count)
+    (each_cpu, each_mem, each_rows), (cpu, mem, rows) = measured["each"], measured["shared"]
+    if not (each_rows and rows == each_rows and each_cpu > 0):
+        print(f"measured nothing comparable: {each_rows} rows against {rows}", file=sys.stderr)
+        return 1
+    memory = f"{mem / each_mem:.2f}x" if each_mem > 0 else "- (the old mode grew by nothing measurable)"
+    print(f"shared / each: CPU {cpu / each_cpu:.2f}x, private memory {memory}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -103,6 +103,7 @@ SMOKES = [
         timeout=600,
         marks=CLUSTER,
     ),
+    Smoke("data_prepare.py", (r"^each +\d+\.\d\d +-?\d+\.\d +[1-9]\d*$", r"^shared / each: CPU \d+\.\d\dx, private")),
     Smoke(
         "checkpoint_storage.py",
         (
