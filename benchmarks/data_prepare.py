@@ -94,9 +94,9 @@ def main() -> int:
                 mem += grown / 2**20
             print(f"{mode:8} {cpu:18.2f} {mem:24.1f} {count:7d}")
             measured[mode] = (cpu, mem, count)
-    (each_cpu, each_mem, each_rows), (cpu, mem, rows) = measured["each"], measured["shared"]
-    if not (each_rows and rows == each_rows and each_cpu > 0):
-        print(f"measured nothing comparable: {each_rows} rows against {rows}", file=sys.stderr)
+    (each_cpu, each_mem, each_rows), (cpu, mem, shared_rows) = measured["each"], measured["shared"]
+    if not (each_rows and shared_rows == each_rows and each_cpu > 0):
+        print(f"measured nothing comparable: {each_rows} rows against {shared_rows}", file=sys.stderr)
         return 1
     memory = f"{mem / each_mem:.2f}x" if each_mem > 0 else "- (the old mode grew by nothing measurable)"
     print(f"shared / each: CPU {cpu / each_cpu:.2f}x, private memory {memory}")
