@@ -226,7 +226,7 @@ def run_smollm2(work: Path, steps: int, micro: int, cache: Path, skip_trl: bool)
     from transformers import AutoTokenizer
 
     from finetune_trainer.builtin import SMOLLM2, materialise_model, secret_code_records
-    from finetune_trainer.loop import split_validation
+    from finetune_trainer.rank_setup import split_validation
 
     model = str(materialise_model(SMOLLM2, cache, 0))
     tok = AutoTokenizer.from_pretrained(model)
