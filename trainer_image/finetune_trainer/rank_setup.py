@@ -145,6 +145,7 @@ def exact_match_prompt(record: dict[str, Any], fmt: DatasetFormat, tokenizer: An
 
 
 def summarize_parameters(model: Any, spec: FineTuneJobSpec) -> ParameterSummary:
+    """What the metrics, the setup log line and the summary say about the loaded model."""
     lora_skipped = modeling.lora_skipped(model, spec)
     trainable, total = modeling.trainable_parameters(model)
     return ParameterSummary(trainable=trainable, total=total, lora_skipped=lora_skipped)
