@@ -15,6 +15,7 @@ from finetune_trainer.data.loading import DataError, DataUnavailable, load_sampl
 from finetune_trainer.data.prepared import split_validation
 from finetune_trainer.loop import Trainer
 from finetune_trainer.paths import resolve_uri
+from finetune_trainer.rank_setup import HeldOut
 from finetune_trainer.schedule import lr_lambda
 from finetune_trainer.settings import ConfigError
 
@@ -422,9 +423,9 @@ def test_evaluation_runs_at_the_planned_micro_batch(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(evaluation, "eval_loss", eval_loss)
     trainer = SimpleNamespace(
-        engine=SimpleNamespace(module=None), val_rows=[], plan=SimpleNamespace(micro_batch_size=3),
-        dist=SimpleNamespace(rank=0, world=1, sum=None), tokenizer=SimpleNamespace(pad_token_id=0),
-        loss=None, demo_prompts=[], metrics=None,
+        engine=SimpleNamespace(module=None), held_out=HeldOut(rows=[], prompts=[], answers=[]),
+        plan=SimpleNamespace(micro_batch_size=3), dist=SimpleNamespace(rank=0, world=1, sum=None),
+        tokenizer=SimpleNamespace(pad_token_id=0), loss=None, metrics=None,
     )  # fmt: skip
     assert Trainer.evaluate(cast(Any, trainer)) == {"eval_loss": 1.0}
     assert seen["batch"] == 3

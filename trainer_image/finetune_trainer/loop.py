@@ -11,25 +11,19 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.pod_contract import CheckpointState, TrainingStrategy, TrainingSummary
-from finetune_operator.api.spec import DatasetFormat, MethodType
+from finetune_operator.api.spec import MethodType
 
-from . import checkpoint, evaluation, export, modeling, s3_checkpoints, universal
-from .data import prepared
-from .data.batching import EpochSampler, Row, collate
-from .data.formats import prompt_and_answer
-from .data.loading import DataError
+from . import checkpoint, evaluation, export, modeling, rank_setup, s3_checkpoints, universal
+from .data.batching import collate
 from .devices import float64_on_rank
 from .loss import training_loss
 from .metrics import RankMetrics
-from .schedule import lr_lambda
 from .settings import JobConfig
 from .tracking.recorder import Recorder
 
@@ -72,6 +66,9 @@ class Dist:
 
 
 class Trainer:
+    """One rank's run. `__init__` keeps what the job config gives; `setup` builds the rest
+    (each piece returned by a `rank_setup` builder and assigned there, nowhere else)."""
+
     def __init__(self, cfg: JobConfig, local_rank: int, metrics: RankMetrics | None, progress: bool) -> None:
         self.cfg = cfg
         self.spec = cfg.job.spec
@@ -85,17 +82,13 @@ class Trainer:
         self.log_path = self.out / LOG_FILE
         self.started = time.time()
         self.resumed: tuple[int, bool] | None = None
-        self.lora_skipped: list[str] = []
-        """What LoRA all-linear left frozen (`modeling.lora_skipped`), for the summary."""
         """(checkpoint step, written under another strategy) once `_resume` loaded one."""
-        self.tracking: Recorder | None = None
-        """Rank 0's experiment-tracking records (set up with the engine; see `finetune_trainer.tracking`)."""
         self.s3 = s3_checkpoints.S3Output.for_trainer(self.spec, self.out, self.dist)
         """Uploads, commits and downloads checkpoints when the output is on s3:// (else None)."""
 
     # ---- setup -----------------------------------------------------------------------
     def setup(self) -> None:
-        import deepspeed
+        """Build the data, the model and the engine, in the order every rank follows."""
         import torch
 
         spec, plan, rank = self.spec, self.plan, self.dist.rank
@@ -104,107 +97,51 @@ class Trainer:
         if self.compute.note and rank == 0:
             log.warning("%s", self.compute.note)
         cache = self.out / ".cache"
-        if self.local_rank == 0:
-            self.model_path = modeling.model_path(spec.model.uri, cache, spec.training.seed)
-        self.dist.barrier()
-        self.model_path = modeling.model_path(spec.model.uri, cache, spec.training.seed)
+        self.model_path = rank_setup.fetch_model(spec, cache, self.local_rank, self.dist.barrier)
         self.tokenizer = modeling.load_tokenizer(self.model_path, spec, cache)
-        self._load_data()
+        self.data, self.held_out = rank_setup.load_data(
+            spec, plan, self.tokenizer, self.dist, local_rank=self.local_rank, cache_root=cache / "data"
+        )
         torch.manual_seed(spec.training.seed)
         ds_config = modeling.effective_deepspeed_config(self.cfg.deepspeed, self.compute)
         model = modeling.load_model(spec, plan, self.model_path, self.compute, ds_config)
-        self.lora_skipped = modeling.lora_skipped(model, spec)
-        self.trainable, self.total_params = modeling.trainable_parameters(model)
+        self.parameters = rank_setup.summarize_parameters(model, spec)
         self.loss = training_loss(model, on_gpu)
-        params = [p for p in model.parameters() if p.requires_grad]
-        if on_gpu and plan.offload_optimizer != "none":
-            from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-            optimizer: Any = DeepSpeedCPUAdam(
-                params, lr=spec.training.learning_rate, weight_decay=spec.training.weight_decay, adamw_mode=True
-            )
-        else:
-            optimizer = torch.optim.AdamW(
-                params, lr=spec.training.learning_rate, weight_decay=spec.training.weight_decay
-            )
-        warmup = spec.training.warmup_steps_of(self.total_steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_lambda(str(spec.training.lr_schedule), warmup, self.total_steps)
-        )
-        self.engine, _, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+        self.engine = rank_setup.build_engine(
+            model, spec=spec, plan=plan, ds_config=ds_config, total_steps=self.data.total_steps, on_gpu=on_gpu
         )
         if self.metrics is not None:
             self.metrics.engine_ready(self.engine)
         self.tracking = Recorder.for_rank(self.cfg, rank, on_gpu)
+        """Rank 0's experiment-tracking records (see `finetune_trainer.tracking`); None elsewhere."""
         if rank == 0:
-            log.info(
-                "model %s: %s, %d/%d trainable parameters, %s on %s (optimizer %s), ZeRO-%d, "
-                "micro-batch %d x accumulation %d x world %d, %d steps (%d per epoch), loss: %s",
-                spec.model.uri,
-                spec.method.type,
-                self.trainable,
-                self.total_params,
-                self.compute.precision,
-                "GPU" if on_gpu else "CPU",
-                type(self.engine.optimizer).__name__,
-                plan.zero_stage,
-                plan.micro_batch_size,
-                plan.gradient_accumulation_steps,
-                self.dist.world,
-                self.total_steps,
-                self.sampler.steps_per_epoch,
-                self.loss.name,
-            )
+            self._log_setup(on_gpu)
 
-    def _load_data(self) -> None:
-        spec = self.spec
-        data = prepared.prepare(
-            prepared.DataSettings.of(spec), self.tokenizer, self.out / ".cache" / "data", self.local_rank
+    def _log_setup(self, on_gpu: bool) -> None:
+        log.info(
+            "model %s: %s, %d/%d trainable parameters, %s on %s (optimizer %s), ZeRO-%d, "
+            "micro-batch %d x accumulation %d x world %d, %d steps (%d per epoch), loss: %s",
+            self.spec.model.uri,
+            self.spec.method.type,
+            self.parameters.trainable,
+            self.parameters.total,
+            self.compute.precision,
+            "GPU" if on_gpu else "CPU",
+            type(self.engine.optimizer).__name__,
+            self.plan.zero_stage,
+            self.plan.micro_batch_size,
+            self.plan.gradient_accumulation_steps,
+            self.dist.world,
+            self.data.total_steps,
+            self.data.sampler.steps_per_epoch,
+            self.loss.name,
         )
-        self.skipped = data.skipped
-        tokenising = round(self.dist.sum([float(data.tokenized)])[0])
-        if self.dist.rank == 0:
-            log.info("dataset tokenised by %d of %d ranks, read from %s", tokenising, self.dist.world, data.folder)
-            for warning in data.warnings:
-                log.warning("%s", warning)
-        self.rows: Sequence[Row] = data.rows
-        self.val_rows: Sequence[Row] = data.val_rows
-        self.demo_prompts: list[list[int]] = []
-        self.demo_answers: list[str] = []
-        for record in data.demo_records:
-            prompt, answer = self._prompt(record)
-            self.demo_prompts.append(prompt)
-            self.demo_answers.append(answer)
-        plan = self.plan
-        self.sampler = EpochSampler(
-            len(self.rows), self.dist.world, plan.micro_batch_size, plan.gradient_accumulation_steps, spec.training.seed
-        )
-        if self.sampler.steps_per_epoch == 0:
-            raise DataError(
-                f"{spec.dataset.uri}: {len(self.rows)} training sequences do not fill one optimizer step of "
-                f"{self.sampler.per_step} (globalBatchSize); add data or lower the batch size"
-            )
-        t = spec.training
-        if t.max_steps is not None:
-            self.total_steps = t.max_steps
-        else:
-            self.total_steps = max(1, math.ceil((t.epochs or 1.0) * self.sampler.steps_per_epoch))
-
-    def _prompt(self, record: dict[str, Any]) -> tuple[list[int], str]:
-        if self.spec.dataset.format == DatasetFormat.MESSAGES:
-            turns = record["messages"]
-            text = self.tokenizer.apply_chat_template(turns[:-1], tokenize=False, add_generation_prompt=True)
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]), str(turns[-1]["content"])
-        prompt, answer = prompt_and_answer(record)
-        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        return [self.tokenizer.bos_token_id, *ids], answer
 
     # ---- evaluation --------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
         loss = evaluation.eval_loss(
             self.engine.module,
-            self.val_rows,
+            self.held_out.rows,
             rank=self.dist.rank,
             world=self.dist.world,
             batch=self.plan.micro_batch_size,  # a forward without gradients at the planned batch fits the plan
@@ -213,13 +150,13 @@ class Trainer:
             loss=self.loss,
         )
         result: dict[str, Any] = {"eval_loss": loss}
-        if self.demo_prompts:
-            longest = max(len(self.tokenizer(a, add_special_tokens=False)["input_ids"]) for a in self.demo_answers)
+        if self.held_out.prompts:
+            longest = max(len(self.tokenizer(a, add_special_tokens=False)["input_ids"]) for a in self.held_out.answers)
             accuracy, examples = evaluation.exact_match(
                 self.engine.module,
                 self.tokenizer,
-                self.demo_prompts,
-                self.demo_answers,
+                self.held_out.prompts,
+                self.held_out.answers,
                 rank=self.dist.rank,
                 world=self.dist.world,
                 batch=32,
@@ -249,9 +186,9 @@ class Trainer:
             state = state.model_copy(update={"eval_before": before})
         bar = self._progress_bar(state.global_step)
         if self.metrics is not None:
-            self.metrics.progress.max_steps.set(self.total_steps)
+            self.metrics.progress.max_steps.set(self.data.total_steps)
             self.metrics.progress.global_step.set(state.global_step)
-        for step in range(state.global_step, self.total_steps):
+        for step in range(state.global_step, self.data.total_steps):
             state = self._step(step, state)
             checkpoint.fault_point("step", state.global_step, once_in=self.out)
             if bar is not None:
@@ -261,7 +198,7 @@ class Trainer:
         if bar is not None:
             bar.close()
         after = self.evaluate()
-        self._record({"step": self.total_steps, "eval": after})
+        self._record({"step": self.data.total_steps, "eval": after})
         if self.tracking is not None:
             self.tracking.commit()  # the run is complete: every record may be published
         return self._finish(
@@ -292,7 +229,7 @@ class Trainer:
         found, converted = loaded
         self._record({"step": found.step, "resume": {"seconds": round(time.perf_counter() - t0, 4)}})
         self.engine.global_steps = found.state.global_step
-        self.engine.global_samples = self.engine.global_steps * self.sampler.per_step
+        self.engine.global_samples = self.engine.global_steps * self.data.sampler.per_step
         if rank == 0:
             log.info("resumed from %s (step %d, %s)", found.path, found.step, found.state.data_position)
             self._log_replan(found, converted)
@@ -339,9 +276,9 @@ class Trainer:
     def _micro_batches(self, step: int) -> _StepTotals:
         """Forward, backward and (at the boundary) the optimizer step over this rank's micro-batches."""
         totals = _StepTotals()
-        for indices in self.sampler.micro_batches(step, self.dist.rank):
+        for indices in self.data.sampler.micro_batches(step, self.dist.rank):
             t0 = time.perf_counter()
-            batch = collate([self.rows[i] for i in indices], int(self.tokenizer.pad_token_id))
+            batch = collate([self.data.rows[i] for i in indices], int(self.tokenizer.pad_token_id))
             inputs = {k: v.to(self.engine.device) for k, v in batch.items() if hasattr(v, "to")}
             totals.wait += time.perf_counter() - t0
             loss = self.loss(self.engine, inputs)
@@ -384,7 +321,7 @@ class Trainer:
         )
         norm = self.engine.get_global_grad_norm()
         grad_norm = float(norm) if norm is not None else None
-        epoch = done / self.sampler.steps_per_epoch
+        epoch = done / self.data.sampler.steps_per_epoch
         seconds = time.perf_counter() - began
         if self.metrics is not None:
             self.metrics.step_done(
@@ -397,7 +334,7 @@ class Trainer:
                 tokens=mine.tokens,
                 seconds=seconds,
                 wait_seconds=mine.wait,
-                model_params=self.total_params,
+                model_params=self.parameters.total,
             )
         entry: dict[str, Any] = {
             "step": done,
@@ -420,7 +357,7 @@ class Trainer:
         """What `training.evalEverySteps` and `checkpointEverySteps` ask for after this step
         (not after the last one: the final evaluation and the result follow it)."""
         done, t = state.global_step, self.spec.training
-        if done >= self.total_steps:
+        if done >= self.data.total_steps:
             return
         if t.eval_every_steps and done % t.eval_every_steps == 0:
             result = self.evaluate()
@@ -428,7 +365,7 @@ class Trainer:
             if self.dist.rank == 0:
                 log.info("step %d eval %s", done, _brief(result))
         if done % t.checkpoint_every_steps == 0:
-            self._checkpoint(state.model_copy(update={"data_position": self.sampler.position(done)}))
+            self._checkpoint(state.model_copy(update={"data_position": self.data.sampler.position(done)}))
 
     @property
     def strategy(self) -> TrainingStrategy:
@@ -448,11 +385,11 @@ class Trainer:
         from .settings import ConfigError
 
         saved = found.state.strategy
-        if saved is None or saved.global_batch == self.sampler.per_step:
+        if saved is None or saved.global_batch == self.data.sampler.per_step:
             return
         raise ConfigError(
             f"checkpoint {found.path} was written with a global batch of {saved.global_batch} sequences "
-            f"({saved.describe()}); this run's is {self.sampler.per_step} "
+            f"({saved.describe()}); this run's is {self.data.sampler.per_step} "
             f"({self.strategy.describe()}), so its data position would skip or repeat samples. "
             "Choose training.globalBatchSize divisible by numNodes x gpusPerNode x microBatchSize"
         )
@@ -526,7 +463,7 @@ class Trainer:
             where.update(self.s3.publish_results(self.out, [target, *([merged] if merged else [])]))
         return TrainingSummary(
             final_loss=last_loss,
-            steps=self.total_steps,
+            steps=self.data.total_steps,
             tokens=tokens,
             trained_tokens=trained_tokens,
             samples=samples,
@@ -538,10 +475,10 @@ class Trainer:
             eval_loss_before=before.get("eval_loss"),
             exact_match=after.get("exact_match"),
             exact_match_before=before.get("exact_match") if "exact_match" in after else None,
-            skipped_records=self.skipped,
+            skipped_records=self.data.skipped_records,
             resumed_from_step=self.resumed[0] if self.resumed else None,
             checkpoint_converted=self.resumed[1] if self.resumed else None,
-            lora_skipped=self.lora_skipped or None,
+            lora_skipped=self.parameters.lora_skipped or None,
         )
 
     def _progress_bar(self, start: int) -> Any:
@@ -549,7 +486,7 @@ class Trainer:
             return None
         from tqdm import tqdm  # type: ignore[import-untyped]
 
-        return tqdm(total=self.total_steps, initial=start, desc="training", unit="step", dynamic_ncols=True)
+        return tqdm(total=self.data.total_steps, initial=start, desc="training", unit="step", dynamic_ncols=True)
 
 
 def predicted_tokens(labels: Any) -> int:

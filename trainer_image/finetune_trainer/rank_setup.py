@@ -1,0 +1,152 @@
+"""What one rank builds before its first step, each piece returned to `Trainer.setup`.
+
+Every builder here takes what it reads as arguments and returns what it builds (a frozen
+dataclass where several values belong together); none stores anything on the trainer, so
+`Trainer.setup` is the one place that shows what the loop holds and in what order the ranks
+build it (the order matters: the model's random initialisation follows the seed set after
+the data is read, and resuming compares weights exactly).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from finetune_operator.api.spec import DatasetFormat, FineTuneJobSpec
+from finetune_operator.api.status import PlanStatus
+
+from . import modeling
+from .data import prepared
+from .data.batching import EpochSampler, Row
+from .data.formats import prompt_and_answer
+from .data.loading import DataError
+from .schedule import lr_lambda
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """The sequences this run trains on, which of them each step reads, and how many steps it takes."""
+
+    rows: Sequence[Row]
+    sampler: EpochSampler
+    total_steps: int
+    skipped_records: int
+    """Malformed records left out (training and validation files together), for the summary."""
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """What evaluation reads: the validation rows and, for a built-in task, exact-match prompts."""
+
+    rows: Sequence[Row]
+    prompts: list[list[int]]
+    answers: list[str]
+
+
+@dataclass(frozen=True)
+class ParameterSummary:
+    """The loaded model's parameter counts (ZeRO-3's full sizes) and what LoRA all-linear left frozen."""
+
+    trainable: int
+    total: int
+    lora_skipped: list[str]
+
+
+def fetch_model(spec: FineTuneJobSpec, cache: Path, local_rank: int, barrier: Callable[[], None]) -> str:
+    """The model's local path: the node's first rank fetches it while the others wait, then each resolves it."""
+    if local_rank == 0:
+        modeling.model_path(spec.model.uri, cache, spec.training.seed)
+    barrier()
+    return modeling.model_path(spec.model.uri, cache, spec.training.seed)
+
+
+def load_data(
+    spec: FineTuneJobSpec, plan: PlanStatus, tokenizer: Any, dist: Any, *, local_rank: int, cache_root: Path
+) -> tuple[TrainingData, HeldOut]:
+    """The dataset (and the validation file, if any) tokenised, split and packed once per node
+    (see `data.prepared`: local rank 0 builds it, the node's other ranks memory-map it), and the
+    steps planned. `dist` is the run's collective (`rank`, `world`, `sum`)."""
+    data = prepared.prepare(prepared.DataSettings.of(spec), tokenizer, cache_root, local_rank)
+    tokenising = round(dist.sum([float(data.tokenized)])[0])
+    if dist.rank == 0:
+        log.info("dataset tokenised by %d of %d ranks, read from %s", tokenising, dist.world, data.folder)
+        for warning in data.warnings:
+            log.warning("%s", warning)
+    prompts: list[list[int]] = []
+    answers: list[str] = []
+    for record in data.demo_records:
+        prompt, answer = exact_match_prompt(record, spec.dataset.format, tokenizer)
+        prompts.append(prompt)
+        answers.append(answer)
+    sampler = EpochSampler(
+        len(data.rows), dist.world, plan.micro_batch_size, plan.gradient_accumulation_steps, spec.training.seed
+    )
+    if sampler.steps_per_epoch == 0:
+        raise DataError(
+            f"{spec.dataset.uri}: {len(data.rows)} training sequences do not fill one optimizer step of "
+            f"{sampler.per_step} (globalBatchSize); add data or lower the batch size"
+        )
+    t = spec.training
+    if t.max_steps is not None:
+        total_steps = t.max_steps
+    else:
+        total_steps = max(1, math.ceil((t.epochs or 1.0) * sampler.steps_per_epoch))
+    return (
+        TrainingData(rows=data.rows, sampler=sampler, total_steps=total_steps, skipped_records=data.skipped),
+        HeldOut(rows=data.val_rows, prompts=prompts, answers=answers),
+    )
+
+
+def exact_match_prompt(record: dict[str, Any], fmt: DatasetFormat, tokenizer: Any) -> tuple[list[int], str]:
+    """A held-out record as (the prompt's token ids, the answer expected after it)."""
+    if fmt == DatasetFormat.MESSAGES:
+        turns = record["messages"]
+        text = tokenizer.apply_chat_template(turns[:-1], tokenize=False, add_generation_prompt=True)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"]), str(turns[-1]["content"])
+    prompt, answer = prompt_and_answer(record)
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return [tokenizer.bos_token_id, *ids], answer
+
+
+def summarize_parameters(model: Any, spec: FineTuneJobSpec) -> ParameterSummary:
+    """What the metrics, the setup log line and the summary say about the loaded model."""
+    lora_skipped = modeling.lora_skipped(model, spec)
+    trainable, total = modeling.trainable_parameters(model)
+    return ParameterSummary(trainable=trainable, total=total, lora_skipped=lora_skipped)
+
+
+def build_engine(
+    model: Any,
+    *,
+    spec: FineTuneJobSpec,
+    plan: PlanStatus,
+    ds_config: dict[str, Any],
+    total_steps: int,
+    on_gpu: bool,
+) -> Any:
+    """The DeepSpeed engine over `model`'s trainable parameters, with the client optimizer and
+    the warmup + decay schedule it steps at each accumulation boundary."""
+    import deepspeed
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if on_gpu and plan.offload_optimizer != "none":
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        optimizer: Any = DeepSpeedCPUAdam(
+            params, lr=spec.training.learning_rate, weight_decay=spec.training.weight_decay, adamw_mode=True
+        )
+    else:
+        optimizer = torch.optim.AdamW(params, lr=spec.training.learning_rate, weight_decay=spec.training.weight_decay)
+    warmup = spec.training.warmup_steps_of(total_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(str(spec.training.lr_schedule), warmup, total_steps)
+    )
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+    return engine
