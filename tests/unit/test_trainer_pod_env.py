@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from finetune_operator.api.pod_env import PodEnv
 from finetune_trainer import prefetch as prefetch_module
 from finetune_trainer.launch import node_rank_from_env
 from finetune_trainer.prefetch import hub_repo, prefetch
@@ -58,9 +59,9 @@ def test_prefetch_downloads_once_when_the_pod_asks(monkeypatch: pytest.MonkeyPat
         return str(tmp_path)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
-    monkeypatch.delenv(prefetch_module.ENV, raising=False)
+    monkeypatch.delenv(PodEnv.FTJOB_PREFETCH_MODEL, raising=False)
     assert prefetch(_cfg("meta-llama/Llama-3.1-8B")) is None and calls == []
-    monkeypatch.setenv(prefetch_module.ENV, "1")
+    monkeypatch.setenv(PodEnv.FTJOB_PREFETCH_MODEL, "1")
     assert prefetch(_cfg("pvc://models/llama")) is None and calls == []
     assert prefetch(_cfg("meta-llama/Llama-3.1-8B")) == str(tmp_path)
     assert [c[0] for c in calls] == ["meta-llama/Llama-3.1-8B"] and "*.safetensors" in calls[0][1]
@@ -77,7 +78,7 @@ def test_the_download_shows_its_progress_on_rank_0s_metrics_port(
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    monkeypatch.setenv(prefetch_module.ENV, "1")
+    monkeypatch.setenv(PodEnv.FTJOB_PREFETCH_MODEL, "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("FTJOB_METRICS_PORT", str(port))
     monkeypatch.setenv("FTJOB_POD_IP", "127.0.0.1")
@@ -114,7 +115,7 @@ def test_the_download_shows_its_progress_on_rank_0s_metrics_port(
 
 
 def test_a_download_on_another_node_serves_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(prefetch_module.ENV, "1")
+    monkeypatch.setenv(PodEnv.FTJOB_PREFETCH_MODEL, "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     served: list[Any] = []
 

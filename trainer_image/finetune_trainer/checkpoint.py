@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState, TrainingStrategy
+from finetune_operator.api.pod_env import PodEnv
 
 from . import universal
 
@@ -177,7 +178,7 @@ def fault_point(where: str, step: int, once_in: Path | None = None) -> None:
         if once_in is None:
             return True
         folder = Path(os.environ.get("FTJOB_FAULT_ONCE_DIR") or once_in)  # e.g. outliving a pod's scratch
-        marker = folder / f".fault-{kind}-{where}-{step}-rank{os.environ.get('RANK', '0')}"
+        marker = folder / f".fault-{kind}-{where}-{step}-rank{os.environ.get(PodEnv.RANK, '0')}"
         if marker.exists():
             return False
         marker.touch()

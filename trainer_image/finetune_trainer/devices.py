@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from finetune_operator.api.pod_env import PodEnv
+
 
 def rank_device() -> Any:
     """This rank's `torch.device`, as DeepSpeed's accelerator sees it."""
@@ -44,7 +46,7 @@ def driver_description() -> str:
 
 def expects_gpu(gpus_per_node: int) -> bool:
     """Whether this rank was planned onto GPUs (the job asks for them, or the pod says cuda)."""
-    return gpus_per_node > 0 or os.environ.get("DS_ACCELERATOR", "") == "cuda"
+    return gpus_per_node > 0 or os.environ.get(PodEnv.DS_ACCELERATOR, "") == "cuda"
 
 
 def process_group_backend(gpus_per_node: int) -> str:

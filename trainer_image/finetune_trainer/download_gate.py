@@ -28,9 +28,11 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from finetune_operator.api.pod_env import PodEnv
+
 log = logging.getLogger(__name__)
 
-TIMEOUT_ENV = "FTJOB_DOWNLOAD_TIMEOUT_SECONDS"
+TIMEOUT_ENV = PodEnv.FTJOB_DOWNLOAD_TIMEOUT_SECONDS
 DEFAULT_TIMEOUT_SECONDS = 7200.0
 READY, GO = b"ready\n", b"go\n"
 RETRY_SECONDS = 1.0

@@ -28,12 +28,12 @@ from types import FrameType
 from typing import Any
 
 from finetune_operator.api.pod_contract import TerminationReason, TrainingSummary
+from finetune_operator.api.pod_env import PodEnv
 
 from . import outcome, process_tree, s3_checkpoints, s3_inputs, shm_segments
 from .download_gate import DownloadTimeout, download_timeout, gang_ready, within_limit
 from .objstore import StoreError
 from .paths import completion_marker
-from .prefetch import ENV as PREFETCH_ENV
 from .prefetch import prefetch
 from .settings import ConfigError, JobConfig, env_int, load_config
 from .tracking.session import TrackingSession, start_session
@@ -95,16 +95,16 @@ def launcher_command(cfg: JobConfig, node_rank: int, master_addr: str, master_po
 
 def _rank_env(state_dir: Path, progress: bool) -> dict[str, str]:
     env = dict(os.environ)
-    env["FTJOB_RUN_STATE_DIR"] = str(state_dir)
-    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    env[PodEnv.FTJOB_RUN_STATE_DIR] = str(state_dir)
+    env.setdefault(PodEnv.PYTORCH_CUDA_ALLOC_CONF, "expandable_segments:True")
     if progress:
-        env["FTJOB_PROGRESS"] = "1"
-    if "DS_ACCELERATOR" not in env:  # pods have it from the operator; `ftjob run` may not
+        env[PodEnv.FTJOB_PROGRESS] = "1"
+    if PodEnv.DS_ACCELERATOR not in env:  # pods have it from the operator; `ftjob run` may not
         try:
             import torch
 
             if not torch.cuda.is_available():
-                env["DS_ACCELERATOR"] = "cpu"
+                env[PodEnv.DS_ACCELERATOR] = "cpu"
         except ImportError:
             pass
     return env
@@ -116,10 +116,10 @@ def node_rank_from_env() -> int:
     Before 1.28 the label is absent, the rendered env var is empty, and every pod would
     otherwise be node 0 and hang at the rendezvous.
     """
-    raw = os.environ.get("NODE_RANK", "")
+    raw = os.environ.get(PodEnv.NODE_RANK, "")
     if raw:
         return int(raw)
-    tail = os.environ.get("FTJOB_POD_NAME", "").rsplit("-", 1)[-1]
+    tail = os.environ.get(PodEnv.FTJOB_POD_NAME, "").rsplit("-", 1)[-1]
     return int(tail) if tail.isdigit() else 0
 
 
@@ -145,8 +145,8 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
         code = idle_forever(marker) if idle_when_done else 0
         return Result(code, _wire(done), "already completed")
     node_rank = node_rank_from_env()
-    master_addr = os.environ.get("MASTER_ADDR") or cfg.hosts[0][0]
-    master_port = env_int("MASTER_PORT", DEFAULT_MASTER_PORT)
+    master_addr = os.environ.get(PodEnv.MASTER_ADDR) or cfg.hosts[0][0]
+    master_port = env_int(PodEnv.MASTER_PORT, DEFAULT_MASTER_PORT)
     if not 0 <= node_rank < len(cfg.hosts):
         message = f"{outcome.CONFIG_ERROR}: NODE_RANK={node_rank} but the hostfile lists {len(cfg.hosts)} nodes"
         outcome.write_termination(message)
@@ -155,7 +155,7 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
         limit = download_timeout()
         deadline = time.monotonic() + limit + GANG_SLACK_SECONDS
         within_limit(lambda: prefetch(cfg, node_rank), limit, f"downloading {cfg.job.spec.model.uri}")
-        if os.environ.get(PREFETCH_ENV) == "1":  # every pod has the model before any rank starts
+        if os.environ.get(PodEnv.FTJOB_PREFETCH_MODEL) == "1":  # every pod has the model before any rank starts
             gang_ready(node_rank, len(cfg.hosts), master_addr, master_port, deadline)
     except DownloadTimeout as exc:
         message = outcome.one_line(f"{TerminationReason.DOWNLOAD_TIMEOUT}: {exc}")

@@ -24,6 +24,7 @@ from typing import Any
 
 from finetune_operator.api.lora_rules import UnsupportedSetting, resolve_lora_dropout
 from finetune_operator.api.model_uri import hub_model
+from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.spec import FineTuneJobSpec, MethodType
 from finetune_operator.api.status import PlanStatus
 
@@ -129,7 +130,7 @@ def load_tokenizer(path: str, spec: FineTuneJobSpec, cache_root: Path) -> Any:
             source,
             revision=model_revision(spec) if source == path else None,
             trust_remote_code=spec.model.trust_remote_code,
-            token=os.environ.get("HF_TOKEN"),
+            token=os.environ.get(PodEnv.HF_TOKEN),
         )
     except OSError as exc:
         raise ModelNotFound(f"cannot load tokenizer from {source}: {exc}") from None
@@ -196,7 +197,7 @@ def lora_skipped(model: Any, spec: FineTuneJobSpec) -> list[str]:
     from .lora_targets import not_adapted
 
     skipped = not_adapted(model)
-    if skipped and int(os.environ.get("RANK", "0")) == 0:
+    if skipped and int(os.environ.get(PodEnv.RANK, "0")) == 0:
         log.warning("LoRA all-linear adapts what peft supports; left frozen: %s", "; ".join(skipped))
     return skipped
 
@@ -275,7 +276,7 @@ def load_model(
         "attn_implementation": compute.attn_implementation,
         "revision": model_revision(spec),
         "trust_remote_code": spec.model.trust_remote_code,
-        "token": os.environ.get("HF_TOKEN"),
+        "token": os.environ.get(PodEnv.HF_TOKEN),
     }
     method = str(spec.method.type)
     if method == MethodType.QLORA:
@@ -371,7 +372,7 @@ def keep_4bit_training_layout(model: Any) -> None:
 def _local_device(compute: ComputeSettings) -> str:
     if not compute.on_gpu:
         return "cpu"
-    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return f"cuda:{int(os.environ.get(PodEnv.LOCAL_RANK, '0'))}"
 
 
 def trainable_parameters(model: Any) -> tuple[int, int]:

@@ -28,17 +28,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from finetune_operator.api.object_storage import DEFAULT_RETRY_TIMEOUT_SECONDS, ObjectStorageSpec, split_s3
+from finetune_operator.api.pod_env import PodEnv
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-ENDPOINT_ENV = "FTJOB_S3_ENDPOINT"
-REGION_ENV = "FTJOB_S3_REGION"
-PATH_STYLE_ENV = "FTJOB_S3_PATH_STYLE"
-CA_BUNDLE_ENV = "AWS_CA_BUNDLE"
-SECRET_ENV = "FTJOB_S3_CREDENTIALS_SECRET"
-RETRY_ENV = "FTJOB_S3_RETRY_SECONDS"
-KEY_ENVS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+KEY_ENVS = (PodEnv.AWS_ACCESS_KEY_ID, PodEnv.AWS_SECRET_ACCESS_KEY, "AWS_SESSION_TOKEN")
 
 ACCESS_DENIED_CODES = frozenset(
     {
@@ -104,14 +99,15 @@ class Connection:
         """The pod's environment (rendered by the operator with its defaults), else the spec."""
         env = os.environ
         spec = spec or ObjectStorageSpec()
-        path_style = env.get(PATH_STYLE_ENV)
-        retry = env.get(RETRY_ENV)
+        path_style = env.get(PodEnv.FTJOB_S3_PATH_STYLE)
+        retry = env.get(PodEnv.FTJOB_S3_RETRY_SECONDS)
         return cls(
-            endpoint=env.get(ENDPOINT_ENV) or spec.endpoint,
-            region=env.get(REGION_ENV) or spec.region,
+            endpoint=env.get(PodEnv.FTJOB_S3_ENDPOINT) or spec.endpoint,
+            region=env.get(PodEnv.FTJOB_S3_REGION) or spec.region,
             path_style=path_style == "true" if path_style else bool(spec.path_style),
-            ca_bundle=env.get(CA_BUNDLE_ENV) or None,
-            credentials_secret=env.get(SECRET_ENV) or (spec.credentials.secret_name if spec.credentials else None),
+            ca_bundle=env.get(PodEnv.AWS_CA_BUNDLE) or None,
+            credentials_secret=env.get(PodEnv.FTJOB_S3_CREDENTIALS_SECRET)
+            or (spec.credentials.secret_name if spec.credentials else None),
             retry_seconds=float(retry) if retry else float(spec.retry_timeout_seconds or DEFAULT_RETRY_TIMEOUT_SECONDS),
         )
 

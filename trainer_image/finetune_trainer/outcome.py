@@ -31,6 +31,7 @@ from finetune_operator.api.pod_contract import (
     is_out_of_memory_text,
     is_rdma_registration_text,
 )
+from finetune_operator.api.pod_env import PodEnv
 
 OUT_OF_MEMORY = TerminationReason.OUT_OF_MEMORY
 DATA_ERROR = TerminationReason.DATA_ERROR
@@ -52,7 +53,7 @@ class StoppedBySignal(BaseException):
 
 
 def termination_log_path() -> Path:
-    return Path(os.environ.get("FTJOB_TERMINATION_LOG", TERMINATION_LOG))
+    return Path(os.environ.get(PodEnv.FTJOB_TERMINATION_LOG, TERMINATION_LOG))
 
 
 def one_line(text: str) -> str:

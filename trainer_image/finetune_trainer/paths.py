@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from finetune_operator.api.pod_env import PodEnv
+
 PVC_ROOT = "/mnt/pvc"
 S3_MIRROR = "/var/cache/ftjob/s3"
 """Where `s3://` inputs are downloaded in a pod (the model cache volume); FTJOB_S3_MIRROR overrides it."""
@@ -25,11 +27,11 @@ CACHE = ".cache"
 
 
 def pvc_root() -> Path:
-    return Path(os.environ.get("FTJOB_PVC_ROOT", PVC_ROOT))
+    return Path(os.environ.get(PodEnv.FTJOB_PVC_ROOT, PVC_ROOT))
 
 
 def s3_mirror() -> Path:
-    return Path(os.environ.get("FTJOB_S3_MIRROR", S3_MIRROR))
+    return Path(os.environ.get(PodEnv.FTJOB_S3_MIRROR, S3_MIRROR))
 
 
 def resolve_uri(uri: str) -> str | None:
@@ -53,7 +55,7 @@ def output_dir(output_uri: str) -> Path:
 
     With output on `s3://` this is the pod's local staging folder (its scratch volume), which
     `s3_checkpoints` uploads from."""
-    explicit = os.environ.get("FTJOB_OUTPUT_DIR")
+    explicit = os.environ.get(PodEnv.FTJOB_OUTPUT_DIR)
     if explicit:
         return Path(explicit)
     if output_uri.startswith("s3://"):

@@ -26,12 +26,12 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from finetune_operator.api.model_cache import DOWNLOADED_PATTERNS
 from finetune_operator.api.model_uri import hub_model
+from finetune_operator.api.pod_env import PodEnv
 
 from .metrics.exporter import metrics_port
 from .settings import JobConfig
 
 log = logging.getLogger(__name__)
-ENV = "FTJOB_PREFETCH_MODEL"
 WEIGHT_PATTERNS = list(DOWNLOADED_PATTERNS)
 """What from_pretrained reads: configs, safetensors weights, tokenizer files, the chat template."""
 
@@ -112,7 +112,7 @@ Downloader = Callable[..., str]
 
 def repo_cache_folder(repo: str) -> Path:
     """Where the hub library keeps `repo` (HF_HUB_CACHE, else HF_HOME/hub)."""
-    home = Path(os.environ.get("HF_HOME", str(Path.home() / ".cache" / "huggingface")))
+    home = Path(os.environ.get(PodEnv.HF_HOME, str(Path.home() / ".cache" / "huggingface")))
     hub = Path(os.environ.get("HF_HUB_CACHE", str(home / "hub")))
     return hub / ("models--" + repo.replace("/", "--"))
 
@@ -126,7 +126,7 @@ def prefetch(
     of the repo's files)."""
     model = cfg.job.spec.model
     hub = hub_model(model.uri, model.revision)
-    if os.environ.get(ENV) != "1" or hub is None:
+    if os.environ.get(PodEnv.FTJOB_PREFETCH_MODEL) != "1" or hub is None:
         return None
     repo, revision = hub.repo, hub.revision
     if downloader is None:
@@ -142,7 +142,7 @@ def prefetch(
             log.warning("cannot size %s for the download progress: %s", repo, exc)
             total = 0
     port = metrics_port(0) if node_rank == 0 else None  # rank 0's port: the one the operator reads
-    address = os.environ.get("FTJOB_POD_IP", "127.0.0.1")
+    address = os.environ.get(PodEnv.FTJOB_POD_IP, "127.0.0.1")
     with download_progress(total, cache, port=port, address=address):
         path = str(downloader(repo, revision=revision, allow_patterns=WEIGHT_PATTERNS))
         tokenizer = hub_repo(model.tokenizer) if model.tokenizer else None

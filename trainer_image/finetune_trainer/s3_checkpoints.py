@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState, TrainingStrategy
+from finetune_operator.api.pod_env import PodEnv
 
 from . import checkpoint, universal
 from .objstore import ObjectStore, S3Uri, StoreError, StoreNotFound, store_for
@@ -174,8 +175,8 @@ class S3Output:
             store_for(spec.object_storage),
             S3Uri.parse(spec.output.uri),
             dist,
-            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-            local_size=int(os.environ.get("LOCAL_SIZE", "1")),
+            local_rank=int(os.environ.get(PodEnv.LOCAL_RANK, "0")),
+            local_size=int(os.environ.get(PodEnv.LOCAL_SIZE, "1")),
             fault=fault,
         )
 

@@ -21,6 +21,7 @@ import logging
 import os
 from pathlib import Path
 
+from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.spec import FineTuneJobSpec
 
 from .metrics.exporter import metrics_port
@@ -104,7 +105,7 @@ def fetch(spec: FineTuneJobSpec, node_rank: int = 0, store: ObjectStore | None =
         targets.append((parsed, listed(store, parsed), Path(str(resolve_uri(text)))))
     total = sum(sum(listing.values()) for _, listing, _ in targets)
     port = metrics_port(0) if node_rank == 0 else None
-    address = os.environ.get("FTJOB_POD_IP", "127.0.0.1")
+    address = os.environ.get(PodEnv.FTJOB_POD_IP, "127.0.0.1")
     log.warning("copying %s from %s into %s (once per pod)", ", ".join(uris), store.conn.where, mirror_root)
     with download_progress(total, mirror_root, port=port, address=address):
         for uri, listing, target in targets:

@@ -30,6 +30,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from finetune_operator.api.pod_env import PodEnv
+
 from .outcome import TRAINING_ERROR, clear_rank_failure, write_rank_failure
 
 SHM_DIR = Path("/dev/shm")
@@ -44,7 +46,7 @@ def job_prefix(master_addr: str, master_port: int | str, uid: int | None = None)
 
 def release_own(rank: int, env: Mapping[str, str] = os.environ, shm_dir: Path = SHM_DIR) -> bool:
     """Unlink this rank's segment; call it only once every rank has passed init (a barrier)."""
-    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    addr, port = env.get(PodEnv.MASTER_ADDR), env.get(PodEnv.MASTER_PORT)
     if not addr or not port:
         return False
     try:

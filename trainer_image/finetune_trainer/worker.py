@@ -19,6 +19,8 @@ from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 
+from finetune_operator.api.pod_env import PodEnv
+
 from . import log_filters
 from .checkpoint import fault_point
 from .outcome import SUMMARY_FILE, StoppedBySignal, failure_line, mark_rank, write_rank_failure
@@ -43,15 +45,15 @@ def _setup_logging(rank: int) -> None:
 def _cpu_threads(local_world: int) -> None:
     import torch
 
-    if torch.cuda.is_available() or os.environ.get("OMP_NUM_THREADS"):
+    if torch.cuda.is_available() or os.environ.get(PodEnv.OMP_NUM_THREADS):
         return
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
 
 
 def run_rank(config_dir: str) -> int:
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    state_dir = Path(os.environ.get("FTJOB_RUN_STATE_DIR", "/tmp/ftjob-run-state"))
+    rank = int(os.environ.get(PodEnv.RANK, "0"))
+    local_rank = int(os.environ.get(PodEnv.LOCAL_RANK, "0"))
+    state_dir = Path(os.environ.get(PodEnv.FTJOB_RUN_STATE_DIR, "/tmp/ftjob-run-state"))
     _setup_logging(rank)
     mark_rank(state_dir, rank, "started")
     signal.signal(signal.SIGTERM, _raise_stopped)
@@ -69,7 +71,7 @@ def run_rank(config_dir: str) -> int:
 
         install_from_env(rank)
 
-        _cpu_threads(int(os.environ.get("LOCAL_SIZE", "1")))
+        _cpu_threads(int(os.environ.get(PodEnv.LOCAL_SIZE, "1")))
         backend = process_group_backend(cfg.job.spec.resources.gpus_per_node)
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
@@ -81,7 +83,7 @@ def run_rank(config_dir: str) -> int:
             build_shm_op()  # loaded once (and JIT-built, or waited for, outside the bound below)
             torch.distributed.init_process_group(backend, timeout=timeout)
             fault_point("shm-setup", rank)
-            addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+            addr, port = os.environ.get(PodEnv.MASTER_ADDR, ""), os.environ.get(PodEnv.MASTER_PORT, "")
             with bounded_setup(state_dir, rank, addr, port, setup_seconds()):
                 deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
             torch.distributed.barrier()  # every rank has mapped its peers' shm segments once all are past it
@@ -106,7 +108,7 @@ def run_rank(config_dir: str) -> int:
 
                 registry.register(TrackingCollector(status_path(cfg.output)))
             serve(registry, local_rank)
-        trainer = Trainer(cfg, local_rank, metrics, progress=os.environ.get("FTJOB_PROGRESS") == "1")
+        trainer = Trainer(cfg, local_rank, metrics, progress=os.environ.get(PodEnv.FTJOB_PROGRESS) == "1")
         trainer.setup()
         summary = trainer.run()
         wire = summary.model_dump(by_alias=True, exclude_none=True)

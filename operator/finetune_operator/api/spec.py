@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from . import mount_paths, object_storage
+from . import mount_paths, object_storage, pod_env
 from .base import (
     DNS_LABEL_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
@@ -94,31 +94,8 @@ MAX_ENV_VARS = 64
 MAX_ENV_VALUE = 4096
 """Bounds of spec.env: all of it fits the StatefulSet and ConfigMap under etcd's 1 MiB."""
 
-RESERVED_ENV = (
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "NODE_RANK",
-    "NNODES",
-    "CROSS_RANK",
-    "CROSS_SIZE",
-    "CUDA_VISIBLE_DEVICES",
-    "FTJOB_CONFIG_DIR",
-    "FTJOB_OUTPUT_DIR",
-    "FTJOB_POD_NAME",
-    "FTJOB_NAMESPACE",
-    "FTJOB_POD_IP",
-    "FTJOB_METRICS_PORT",
-    "FTJOB_PREFETCH_MODEL",
-    "FTJOB_JOB_UID",
-    "FTJOB_IMAGE",
-    "DS_ACCELERATOR",
-)
-"""Names the operator sets itself: a user value would silently break the rendezvous, or
-duplicate a key the apiserver then refuses in the StatefulSet (the job left without status).
+RESERVED_ENV: tuple[str, ...] = tuple(str(name) for name in pod_env.RESERVED)
+"""Names the operator or a launcher sets itself (`pod_env.RESERVED`), which spec.env may not name.
 Defaults a user may override (HOME, HF_HOME, HF_TOKEN, ...) are not here."""
 
 PLANNER_OWNED_DEEPSPEED_KEYS = (

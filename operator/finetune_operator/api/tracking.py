@@ -16,6 +16,7 @@ from typing import Annotated
 from pydantic import ConfigDict, Field
 
 from .base import DNS_SUBDOMAIN_PATTERN, ApiModel
+from .pod_env import PodEnv
 
 TRACKING_URI_PATTERN = (
     r"^https?://([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?(/[^\s?#@]*)?$"
@@ -26,15 +27,6 @@ TRACKING_URI_HINT = (
 )
 EXPERIMENT_PATTERN = r"^\S(.*\S)?$"
 SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
-
-TOKEN_ENV = "MLFLOW_TRACKING_TOKEN"
-USERNAME_ENV = "MLFLOW_TRACKING_USERNAME"
-PASSWORD_ENV = "MLFLOW_TRACKING_PASSWORD"
-"""Where MLflow's client looks for a bearer token or basic-auth credentials."""
-JOB_UID_ENV = "FTJOB_JOB_UID"
-"""The job's uid in its pods: the key of its one MLflow run."""
-IMAGE_ENV = "FTJOB_IMAGE"
-"""The trainer image, for the run's tags (a container cannot see its own image)."""
 
 TENSORBOARD_DIR = "tensorboard"
 """Event files, under the job's output folder."""
@@ -54,13 +46,13 @@ class MlflowSecretRef(ApiModel):
         description="Secret name. Keys that are missing are left out (a Secret with only `token` is fine)."
     )
     token_key: Annotated[str, Field(min_length=1, max_length=253, pattern=SECRET_KEY_PATTERN)] = Field(
-        default="token", description=f"Key of the bearer token ({TOKEN_ENV})."
+        default="token", description=f"Key of the bearer token ({PodEnv.MLFLOW_TRACKING_TOKEN})."
     )
     username_key: Annotated[str, Field(min_length=1, max_length=253, pattern=SECRET_KEY_PATTERN)] = Field(
-        default="username", description=f"Key of the basic-auth user ({USERNAME_ENV})."
+        default="username", description=f"Key of the basic-auth user ({PodEnv.MLFLOW_TRACKING_USERNAME})."
     )
     password_key: Annotated[str, Field(min_length=1, max_length=253, pattern=SECRET_KEY_PATTERN)] = Field(
-        default="password", description=f"Key of the basic-auth password ({PASSWORD_ENV})."
+        default="password", description=f"Key of the basic-auth password ({PodEnv.MLFLOW_TRACKING_PASSWORD})."
     )
 
 

@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..api.pod_env import PodEnv
 from ..api.tracking import tracking_uri_problem
 from ..plan import choose_plan
 from ..render.config_files import HOSTFILE, config_files
@@ -52,18 +53,18 @@ def run(args: argparse.Namespace) -> int:
     files = config_files(job, plan, hostfile=f"localhost slots={world}\n")
     staging = None
     if args.output:
-        os.environ["FTJOB_OUTPUT_DIR"] = str(Path(args.output).resolve())
+        os.environ[PodEnv.FTJOB_OUTPUT_DIR] = str(Path(args.output).resolve())
     elif job.spec.output.uri.startswith("s3://"):  # the trainer uploads from a local staging folder
         staging = tempfile.TemporaryDirectory(prefix="ftjob-run-output-")
-        os.environ["FTJOB_OUTPUT_DIR"] = staging.name
+        os.environ[PodEnv.FTJOB_OUTPUT_DIR] = staging.name
     elif not job.spec.output.uri.startswith("/"):
         print(f"output.uri is {job.spec.output.uri} (a volume in the cluster): pass --output DIR", file=sys.stderr)
         return 2
-    os.environ.setdefault("FTJOB_S3_MIRROR", str(S3_MIRROR_DEFAULT))
-    os.environ["NODE_RANK"] = "0"
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(args.master_port)
-    os.environ.setdefault("FTJOB_TERMINATION_LOG", os.devnull)
+    os.environ.setdefault(PodEnv.FTJOB_S3_MIRROR, str(S3_MIRROR_DEFAULT))
+    os.environ[PodEnv.NODE_RANK] = "0"
+    os.environ[PodEnv.MASTER_ADDR] = "127.0.0.1"
+    os.environ[PodEnv.MASTER_PORT] = str(args.master_port)
+    os.environ.setdefault(PodEnv.FTJOB_TERMINATION_LOG, os.devnull)
     print(
         f"{job.name}: {job.spec.method.type} on {job.spec.model.uri}, {world} rank(s) on this machine, "
         f"ZeRO-{plan.zero_stage}, micro-batch {plan.micro_batch_size} x accumulation "

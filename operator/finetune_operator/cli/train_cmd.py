@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import os
 
+from ..api.pod_env import PodEnv
 from ..render.config_files import CONFIG_DIR
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
-        default=os.environ.get("FTJOB_CONFIG_DIR", CONFIG_DIR),
+        default=os.environ.get(PodEnv.FTJOB_CONFIG_DIR, CONFIG_DIR),
         metavar="DIR",
         help="folder with job.json, plan.json, deepspeed.json and hostfile "
         f"(default $FTJOB_CONFIG_DIR or {CONFIG_DIR})",

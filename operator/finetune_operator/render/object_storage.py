@@ -19,6 +19,8 @@ from typing import Any
 
 from ..api.job import FineTuneJob
 from ..api.object_storage import ObjectStorageSpec, is_s3
+from ..api.pod_env import PodEnv
+from .env_entries import secret_entry, value_entry
 from .options import RenderOptions
 
 SCRATCH_DIR = "/var/lib/ftjob/scratch"
@@ -58,23 +60,23 @@ def env(job: FineTuneJob, options: RenderOptions, mirror_root: str) -> list[dict
     if not uses_s3(job):
         return []
     store = effective(job, options)
-    values = {
-        "FTJOB_S3_ENDPOINT": store.endpoint,
-        "FTJOB_S3_REGION": store.region,
-        "FTJOB_S3_PATH_STYLE": None if store.path_style is None else str(store.path_style).lower(),
-        "FTJOB_S3_RETRY_SECONDS": str(store.retry_timeout_seconds) if store.retry_timeout_seconds else None,
-        "FTJOB_S3_MIRROR": f"{mirror_root}/{MIRROR_SUBDIR}",
-        "AWS_CA_BUNDLE": f"{CA_DIR}/{CA_FILE}" if store.ca_bundle else None,
-        "FTJOB_S3_CREDENTIALS_SECRET": store.credentials.secret_name if store.credentials else None,
+    values: dict[PodEnv, str | None] = {
+        PodEnv.FTJOB_S3_ENDPOINT: store.endpoint,
+        PodEnv.FTJOB_S3_REGION: store.region,
+        PodEnv.FTJOB_S3_PATH_STYLE: None if store.path_style is None else str(store.path_style).lower(),
+        PodEnv.FTJOB_S3_RETRY_SECONDS: str(store.retry_timeout_seconds) if store.retry_timeout_seconds else None,
+        PodEnv.FTJOB_S3_MIRROR: f"{mirror_root}/{MIRROR_SUBDIR}",
+        PodEnv.AWS_CA_BUNDLE: f"{CA_DIR}/{CA_FILE}" if store.ca_bundle else None,
+        PodEnv.FTJOB_S3_CREDENTIALS_SECRET: store.credentials.secret_name if store.credentials else None,
     }
-    out: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items() if v is not None]
+    out: list[dict[str, Any]] = [value_entry(k, v) for k, v in values.items() if v is not None]
     if store.credentials is not None:
         ref = store.credentials
         for name, key in (
-            ("AWS_ACCESS_KEY_ID", ref.access_key_id_key),
-            ("AWS_SECRET_ACCESS_KEY", ref.secret_access_key_key),
+            (PodEnv.AWS_ACCESS_KEY_ID, ref.access_key_id_key),
+            (PodEnv.AWS_SECRET_ACCESS_KEY, ref.secret_access_key_key),
         ):
-            out.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.secret_name, "key": key}}})
+            out.append(secret_entry(name, ref.secret_name, key))
     user = {e.name for e in job.spec.env or []}
     return [e for e in out if e["name"] not in user]
 

@@ -8,7 +8,6 @@ from ..api.object_storage import ObjectStorageSpec
 
 DEFAULT_TRAINER_IMAGE = "ghcr.io/finetune-operator/trainer:0.1.0"
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
-DOWNLOAD_TIMEOUT_ENV = "FTJOB_DOWNLOAD_TIMEOUT_SECONDS"
 DEFAULT_DOWNLOAD_TIMEOUT_SECONDS = 7200
 """A pod's whole model download (141 GB at ~20 MB/s); the ranks' own rendezvous timeout starts after it."""
 

@@ -14,15 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..api.job import FineTuneJob
-from ..api.tracking import (
-    IMAGE_ENV,
-    JOB_UID_ENV,
-    PASSWORD_ENV,
-    TOKEN_ENV,
-    USERNAME_ENV,
-    TrackingSpec,
-    mlflow_settings,
-)
+from ..api.pod_env import PodEnv
+from ..api.tracking import TrackingSpec, mlflow_settings
+from .env_entries import secret_entry, value_entry
 
 
 def with_default_tracking(job: FineTuneJob, default_uri: str | None) -> FineTuneJob:
@@ -41,14 +35,17 @@ def tracking_env(job: FineTuneJob, image: str, user_names: set[str]) -> list[dic
     mlflow = mlflow_settings(job.spec.tracking, None)
     if mlflow is None:
         return []
-    env: list[dict[str, Any]] = [{"name": IMAGE_ENV, "value": image}]
+    env: list[dict[str, Any]] = [value_entry(PodEnv.FTJOB_IMAGE, image)]
     if job.metadata.uid:
-        env.append({"name": JOB_UID_ENV, "value": job.metadata.uid})
+        env.append(value_entry(PodEnv.FTJOB_JOB_UID, job.metadata.uid))
     ref = mlflow.secret_ref
     if ref is not None:
-        keys = ((TOKEN_ENV, ref.token_key), (USERNAME_ENV, ref.username_key), (PASSWORD_ENV, ref.password_key))
+        keys = (
+            (PodEnv.MLFLOW_TRACKING_TOKEN, ref.token_key),
+            (PodEnv.MLFLOW_TRACKING_USERNAME, ref.username_key),
+            (PodEnv.MLFLOW_TRACKING_PASSWORD, ref.password_key),
+        )
         for name, key in keys:
             if name not in user_names:
-                source = {"secretKeyRef": {"name": ref.name, "key": key, "optional": True}}
-                env.append({"name": name, "valueFrom": source})
+                env.append(secret_entry(name, ref.name, key, optional=True))
     return env

@@ -14,8 +14,10 @@ from typing import Any
 from ..api.base import parse_quantity
 from ..api.job import FineTuneJob
 from ..api.pod_contract import TERMINATION_LOG
+from ..api.pod_env import PodEnv
 from . import object_storage
 from .config_files import CONFIG_DIR
+from .env_entries import field_entry, secret_entry, value_entry
 from .identity import (
     CONFIG_HASH_ANNOTATION,
     POD_INDEX_LABEL,
@@ -27,7 +29,7 @@ from .identity import (
     service_name,
     workers_name,
 )
-from .options import DOWNLOAD_TIMEOUT_ENV, RenderOptions
+from .options import RenderOptions
 from .placement import affinity, apply_overlay, node_selector, tolerations
 from .tracking import tracking_env
 from .volumes import (
@@ -40,11 +42,11 @@ from .volumes import (
     volumes,
 )
 
-DEFAULT_ENV = {
-    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-    "HOME": "/tmp",
-    "HF_HOME": "/tmp/hf",
-    "PYTHONUNBUFFERED": "1",
+DEFAULT_ENV: dict[PodEnv, str] = {
+    PodEnv.PYTORCH_CUDA_ALLOC_CONF: "expandable_segments:True",
+    PodEnv.HOME: "/tmp",
+    PodEnv.HF_HOME: "/tmp/hf",
+    PodEnv.PYTHONUNBUFFERED: "1",
 }
 """Defaults a user's env may override (fragmentation is a classic "OOM with free memory")."""
 
@@ -63,42 +65,38 @@ def headless_service(job: FineTuneJob, options: RenderOptions) -> dict[str, Any]
     }
 
 
-def _field(path: str) -> dict[str, Any]:
-    return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
-
-
 def _env(job: FineTuneJob, options: RenderOptions) -> list[dict[str, Any]]:
     spec = job.spec
     user = {e.name: e for e in spec.env or []}
     env: list[dict[str, Any]] = [
-        {"name": "MASTER_ADDR", "value": rank0_host(job)},
-        {"name": "MASTER_PORT", "value": str(options.master_port)},
-        {"name": "NNODES", "value": str(spec.resources.num_nodes)},
-        {"name": "NODE_RANK", **_field(f"metadata.labels['{POD_INDEX_LABEL}']")},
-        {"name": "FTJOB_POD_NAME", **_field("metadata.name")},
-        {"name": "FTJOB_NAMESPACE", **_field("metadata.namespace")},
-        {"name": "FTJOB_POD_IP", **_field("status.podIP")},
-        {"name": "FTJOB_CONFIG_DIR", "value": CONFIG_DIR},
-        {"name": "FTJOB_OUTPUT_DIR", "value": _output_dir(job)},
-        {"name": "FTJOB_METRICS_PORT", "value": str(options.metrics_port)},
-        {"name": "DS_ACCELERATOR", "value": "cuda" if spec.resources.gpus_per_node else "cpu"},
+        value_entry(PodEnv.MASTER_ADDR, rank0_host(job)),
+        value_entry(PodEnv.MASTER_PORT, str(options.master_port)),
+        value_entry(PodEnv.NNODES, str(spec.resources.num_nodes)),
+        field_entry(PodEnv.NODE_RANK, f"metadata.labels['{POD_INDEX_LABEL}']"),
+        field_entry(PodEnv.FTJOB_POD_NAME, "metadata.name"),
+        field_entry(PodEnv.FTJOB_NAMESPACE, "metadata.namespace"),
+        field_entry(PodEnv.FTJOB_POD_IP, "status.podIP"),
+        value_entry(PodEnv.FTJOB_CONFIG_DIR, CONFIG_DIR),
+        value_entry(PodEnv.FTJOB_OUTPUT_DIR, _output_dir(job)),
+        value_entry(PodEnv.FTJOB_METRICS_PORT, str(options.metrics_port)),
+        value_entry(PodEnv.DS_ACCELERATOR, "cuda" if spec.resources.gpus_per_node else "cpu"),
     ]
     defaults = dict(DEFAULT_ENV)
     if is_hub_model(spec.model.uri):  # downloaded once per pod into the cache, before the ranks start
-        defaults["HF_HOME"] = f"{MODEL_CACHE_DIR}/hf"
-        env.append({"name": "FTJOB_PREFETCH_MODEL", "value": "1"})
-        defaults[DOWNLOAD_TIMEOUT_ENV] = str(options.download_timeout_seconds)
+        defaults[PodEnv.HF_HOME] = f"{MODEL_CACHE_DIR}/hf"
+        env.append(value_entry(PodEnv.FTJOB_PREFETCH_MODEL, "1"))
+        defaults[PodEnv.FTJOB_DOWNLOAD_TIMEOUT_SECONDS] = str(options.download_timeout_seconds)
     if options.hub_endpoint:  # a mirror: the trainer's hub library reads it (a user's env may override)
-        defaults["HF_ENDPOINT"] = options.hub_endpoint
+        defaults[PodEnv.HF_ENDPOINT] = options.hub_endpoint
     if spec.resources.cpu is not None:  # torch would start one thread per host core in every rank
         threads = int(parse_quantity(spec.resources.cpu)) // spec.resources.ranks_per_node
-        defaults["OMP_NUM_THREADS"] = str(max(1, threads))
-    env += [{"name": k, "value": v} for k, v in defaults.items() if k not in user]
+        defaults[PodEnv.OMP_NUM_THREADS] = str(max(1, threads))
+    env += [value_entry(k, v) for k, v in defaults.items() if k not in user]
     env += tracking_env(job, spec.image or options.trainer_image, set(user))
     env += object_storage.env(job, options, MODEL_CACHE_DIR)
-    if spec.hf_token_secret_ref and "HF_TOKEN" not in user:
+    if spec.hf_token_secret_ref and PodEnv.HF_TOKEN not in user:
         ref = spec.hf_token_secret_ref
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        env.append(secret_entry(PodEnv.HF_TOKEN, ref.name, ref.key))
     for var in spec.env or []:
         if var.value_from is not None:
             ref = var.value_from.secret_key_ref

@@ -13,6 +13,8 @@ import os
 
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 
+from finetune_operator.api.pod_env import PodEnv
+
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9400
@@ -32,7 +34,7 @@ def metrics_enabled() -> bool:
 
 
 def metrics_port(local_rank: int) -> int | None:
-    raw = os.environ.get("FTJOB_METRICS_PORT", str(DEFAULT_PORT))
+    raw = os.environ.get(PodEnv.FTJOB_METRICS_PORT, str(DEFAULT_PORT))
     if raw.lower() in ("off", "none", ""):
         return None
     return int(raw) + local_rank
@@ -43,7 +45,7 @@ def serve(registry: CollectorRegistry, local_rank: int) -> int | None:
     port = metrics_port(local_rank)
     if port is None:
         return None
-    address = os.environ.get("FTJOB_POD_IP", "127.0.0.1")
+    address = os.environ.get(PodEnv.FTJOB_POD_IP, "127.0.0.1")
     try:
         start_http_server(port, addr=address, registry=registry)
     except OSError as exc:

@@ -21,9 +21,8 @@ import uuid
 from pathlib import Path
 
 from finetune_operator.api.pod_contract import TrainingSummary
+from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.tracking import (
-    IMAGE_ENV,
-    JOB_UID_ENV,
     TENSORBOARD_DIR,
     TrackingResult,
     mlflow_settings,
@@ -50,7 +49,7 @@ STOP_DRAIN_S = 5.0
 
 def run_key(output: Path) -> str:
     """The job's uid in a pod; for `ftjob run`, an id made once and kept in the output folder."""
-    uid = os.environ.get(JOB_UID_ENV, "")
+    uid = os.environ.get(PodEnv.FTJOB_JOB_UID, "")
     if uid:
         return uid
     path = output / TRACKING_DIR / RUN_KEY_FILE
@@ -108,7 +107,7 @@ class TrackingSession:
                 uid=run_key(output),
                 run_name=meta.name,
                 params=run_params(cfg),
-                tags=run_tags(cfg, os.environ.get(IMAGE_ENV, "")),
+                tags=run_tags(cfg, os.environ.get(PodEnv.FTJOB_IMAGE, "")),
                 config_files=(cfg.directory / "plan.json", cfg.directory / "deepspeed.json"),
                 replan_tags=replan_tags(cfg.plan),
             )
