@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune_operator.api.pod_contract import CheckpointState, TrainingStrategy, TrainingSummary
+from finetune_operator.api.pod_contract import CheckpointState, TrainingSummary
 from finetune_operator.api.spec import DatasetFormat, MalformedLinePolicy, MethodType
+from finetune_operator.api.strategy import Strategy
 
 from . import builtin, checkpoint, evaluation, export, modeling, s3_checkpoints, universal
 from .data.batching import EpochSampler, Row, collate, pack, unpacked
@@ -456,17 +457,9 @@ class Trainer:
             self._checkpoint(state.model_copy(update={"data_position": self.sampler.position(done)}))
 
     @property
-    def strategy(self) -> TrainingStrategy:
+    def strategy(self) -> Strategy:
         """How this run shards, offloads and batches: recorded with every checkpoint."""
-        plan = self.plan
-        return TrainingStrategy(
-            zero_stage=plan.zero_stage,
-            offload_optimizer=plan.offload_optimizer,
-            offload_params=plan.offload_params,
-            micro_batch_size=plan.micro_batch_size,
-            gradient_accumulation_steps=plan.gradient_accumulation_steps,
-            world_size=self.dist.world,
-        )
+        return Strategy.from_plan(self.plan, self.dist.world)
 
     def _check_global_batch(self, found: checkpoint.Found) -> None:
         """The data position is `step x global batch`: a resume must keep the global batch."""
@@ -477,8 +470,8 @@ class Trainer:
             return
         raise ConfigError(
             f"checkpoint {found.path} was written with a global batch of {saved.global_batch} sequences "
-            f"({saved.describe()}); this run's is {self.sampler.per_step} "
-            f"({self.strategy.describe()}), so its data position would skip or repeat samples. "
+            f"({saved}); this run's is {self.sampler.per_step} "
+            f"({self.strategy}), so its data position would skip or repeat samples. "
             "Choose training.globalBatchSize divisible by numNodes x gpusPerNode x microBatchSize"
         )
 
@@ -497,8 +490,8 @@ class Trainer:
             log.warning(
                 "resumed from step %d written by %s; now %s (%s): %s",
                 found.step,
-                saved.describe(),
-                now.describe(),
+                saved,
+                now,
                 "; ".join(saved.changes(now)),
                 how,
             )
