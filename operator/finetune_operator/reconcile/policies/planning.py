@@ -32,5 +32,7 @@ def plan(inputs: Inputs, b: StatusBuilder) -> PlanStatus | Effects:
     if current is not None:
         fresh = fresh.model_copy(update={"replans": current.replans, "replan_reason": current.replan_reason})
     b.update(plan=fresh)
-    b.cond(ConditionType.PLANNED, True, R.PLANNED, f"{Strategy.from_plan(fresh)}. {fresh.reason}".strip())
+    strategy = str(Strategy.from_plan(fresh))
+    message = fresh.reason if strategy in fresh.reason else f"{strategy}. {fresh.reason}".strip()
+    b.cond(ConditionType.PLANNED, True, R.PLANNED, message)
     return fresh
