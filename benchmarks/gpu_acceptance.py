@@ -243,8 +243,9 @@ def train(model_dir: Path, spec: Any, plan: Any, steps: int, on_gpu: bool, ckpt_
     import deepspeed
     import torch
 
-    from finetune_operator.api.pod_contract import CheckpointState, TrainingStrategy
+    from finetune_operator.api.pod_contract import CheckpointState
     from finetune_operator.api.spec import MethodType
+    from finetune_operator.api.strategy import Strategy
     from finetune_operator.render.deepspeed_config import deepspeed_config
     from finetune_trainer import checkpoint, modeling
     from finetune_trainer.loss import training_loss
@@ -291,14 +292,7 @@ def train(model_dir: Path, spec: Any, plan: Any, steps: int, on_gpu: bool, ckpt_
         torch.cuda.synchronize()
         step_peak = int(torch.cuda.max_memory_allocated())
     dist = SingleRank()
-    strategy = TrainingStrategy(
-        zero_stage=plan.zero_stage,
-        offload_optimizer=plan.offload_optimizer,
-        offload_params=plan.offload_params,
-        micro_batch_size=plan.micro_batch_size,
-        gradient_accumulation_steps=plan.gradient_accumulation_steps,
-        world_size=1,
-    )
+    strategy = Strategy.from_plan(plan, world_size=1)
     try:
         began = time.perf_counter()
         saved = trainable_fingerprint(engine)
@@ -414,17 +408,14 @@ class Sections:
     def b(self) -> None:
         import torch
 
+        from finetune_operator.api.strategy import Strategy
         from finetune_operator.plan.model_source import catalogue_entry
 
         longest = 0.0
         for gib in CARDS_GIB:
             spec = job_spec(EIGHT_B, "lora", "auto", True, 2048, "auto", gib)
             plan, planned, planned_load = planned_bytes(spec)
-            label = (
-                f"8B lora on {gib} GiB: ZeRO-{plan.zero_stage} opt={plan.offload_optimizer} "
-                f"par={plan.offload_params} mb={plan.micro_batch_size}x{plan.gradient_accumulation_steps}"
-                f"{' ckpt' if plan.gradient_checkpointing else ''}"
-            )
+            label = f"8B lora on {gib} GiB: {Strategy.from_plan(plan)}"
             if not self.on_gpu:
                 label += " (tiny model on CPU)"
             if not self.budget.allows(f"b | {label}", longest):

@@ -162,11 +162,20 @@ def _rank_main(rank: int, port: int, config_dir: str, method: str, strategy: tup
 
 
 def predicted_bytes(config_dir: str, method: str, strategy: tuple[int, str, str]) -> int:
-    from finetune_operator.plan.memory import Strategy, resident_model_state_bytes
+    from finetune_operator.api.strategy import Strategy
+    from finetune_operator.plan.memory import resident_model_state_bytes
     from finetune_operator.plan.workload import workload_from_spec
 
     workload = workload_from_spec(job_spec(config_dir, method, strategy))
-    return resident_model_state_bytes(workload, Strategy(*strategy, False, 1, 1))
+    stage, optimizer, params = strategy
+    held = Strategy(
+        zero_stage=stage,
+        offload_optimizer=optimizer,
+        offload_params=params,
+        micro_batch_size=1,
+        gradient_accumulation_steps=1,
+    )
+    return resident_model_state_bytes(workload, held)
 
 
 def model_config_from(config_dir: str) -> dict[str, Any]:

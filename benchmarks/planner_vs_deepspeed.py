@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
     from finetune_operator.api.spec import FineTuneJobSpec
-    from finetune_operator.plan.memory import Strategy, estimate_memory
+    from finetune_operator.api.strategy import Strategy
+    from finetune_operator.plan.memory import estimate_memory
     from finetune_operator.plan.workload import workload_from_spec
 
     gib = 2**30
@@ -56,7 +57,16 @@ def main(argv: list[str] | None = None) -> int:
             )
             w = workload_from_spec(spec)
             for stage, optimizer, params in CASES:
-                estimate = estimate_memory(w, Strategy(stage, optimizer, params, False, 1, 1))
+                estimate = estimate_memory(
+                    w,
+                    Strategy(
+                        zero_stage=stage,
+                        offload_optimizer=optimizer,
+                        offload_params=params,
+                        micro_batch_size=1,
+                        gradient_accumulation_steps=1,
+                    ),
+                )
                 ours = estimate.model_state_bytes
                 if stage == 2:
                     ds_cpu, ds_gpu = estimate_zero2_model_states_mem_needs(

@@ -93,13 +93,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="the same run: it is already the smallest")
     parser.parse_args(argv)
     from finetune_operator.api.spec import FineTuneJobSpec
-    from finetune_operator.plan.memory import Strategy, estimate_memory
+    from finetune_operator.api.strategy import Strategy
+    from finetune_operator.plan.memory import estimate_memory
     from finetune_operator.plan.workload import workload_from_spec
 
     print(f"{'workload':58} {'published':>9} {'plan':>7} {'plan-ctx':>8} {'ratio':>6} {'logits':>7}  counts")
     for item in WORKLOADS:
         workload = workload_from_spec(FineTuneJobSpec.from_wire(item.spec))
-        estimate = estimate_memory(workload, Strategy(0, "none", "none", item.checkpointing, item.micro_batch, 1))
+        estimate = estimate_memory(
+            workload,
+            Strategy(
+                zero_stage=0,
+                gradient_checkpointing=item.checkpointing,
+                micro_batch_size=item.micro_batch,
+                gradient_accumulation_steps=1,
+            ),
+        )
         plan = estimate.per_gpu_bytes / GIB
         without_context = plan - estimate.breakdown["overhead"] / GIB
         ratio = without_context / item.peak_gib

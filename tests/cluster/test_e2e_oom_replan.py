@@ -125,8 +125,8 @@ def test_out_of_memory_replans_to_zero3_and_resumes(jobs: Jobs, kubeconfig: Path
     events = {e["reason"]: e["message"] for e in jobs.events("oom")}
     assert "converted to the new strategy" in events["OutOfMemoryReplanned"], events
     assert events["ResumedFromCheckpoint"] == (
-        f"rank 0 resumed from the step-{CHECKPOINT_EVERY} checkpoint under ZeRO-3, offload none, micro-batch 8 × "
-        "accumulation 1, checkpointing on; it was written under another strategy and converted"
+        f"rank 0 resumed from the step-{CHECKPOINT_EVERY} checkpoint under ZeRO-3, micro-batch 8 x accumulation 1, "
+        "gradient checkpointing; it was written under another strategy and converted"
     ), events
 
     # The reference: the new strategy, pinned, from a copy of the same checkpoint, uninterrupted.

@@ -137,7 +137,8 @@ def test_full_fine_tuning_converts_shards_of_another_zero_stage_or_world_size(
 ) -> None:
     """Before, DeepSpeed's bare `assert len(self.ckpt_list) > 0` failed every gang restart; now the
     shards are converted where the sharding changed, and the pairs that cannot be are refused by name."""
-    from finetune_operator.api.pod_contract import CheckpointState, TrainingStrategy
+    from finetune_operator.api.pod_contract import CheckpointState
+    from finetune_operator.api.strategy import Strategy
     from finetune_trainer import checkpoint
     from finetune_trainer.settings import ConfigError
 
@@ -145,7 +146,7 @@ def test_full_fine_tuning_converts_shards_of_another_zero_stage_or_world_size(
         json.dumps({"globalStep": 3, "strategy": STRATEGY, "checkpointFormat": "deepspeed"})
     )
     found = checkpoint.Found(tmp_path / "step-00000003", 3, state)
-    now = TrainingStrategy.from_wire({**STRATEGY, **change})
+    now = Strategy.from_wire({**STRATEGY, **change})
     if refused is None:
         assert checkpoint.check_deepspeed_resume(found, now) is converted
         return
@@ -157,13 +158,14 @@ def test_full_fine_tuning_converts_shards_of_another_zero_stage_or_world_size(
 
 def test_zero_0_keeps_its_whole_checkpoint_on_another_world_size(tmp_path: Path) -> None:
     """ZeRO-0 shards nothing: its checkpoint is whole, so DeepSpeed loads it on any world size."""
-    from finetune_operator.api.pod_contract import CheckpointState, TrainingStrategy
+    from finetune_operator.api.pod_contract import CheckpointState
+    from finetune_operator.api.strategy import Strategy
     from finetune_trainer import checkpoint
 
     saved = {**STRATEGY, "zeroStage": 0}
     state = CheckpointState.from_file(json.dumps({"globalStep": 3, "strategy": saved, "checkpointFormat": "deepspeed"}))
     found = checkpoint.Found(tmp_path / "step-00000003", 3, state)
-    now = TrainingStrategy.from_wire({**saved, "worldSize": 1, "gradientAccumulationSteps": 4})
+    now = Strategy.from_wire({**saved, "worldSize": 1, "gradientAccumulationSteps": 4})
     assert checkpoint.check_deepspeed_resume(found, now) is False
 
 

@@ -10,8 +10,9 @@ import pytest
 
 from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_operator.api.status import PlanStatus, Progress
+from finetune_operator.api.strategy import Strategy
 from finetune_operator.reconcile.decision import PlanFailed
-from tests.support.lifecycle import NOW, exited, job_with, pod, reasons, run, step, ts
+from tests.support.lifecycle import NOW, exited, job_with, planner, pod, reasons, run, step, ts
 
 
 def test_new_job_is_planned_and_waits_for_workers() -> None:
@@ -23,6 +24,8 @@ def test_new_job_is_planned_and_waits_for_workers() -> None:
     assert status.topology == "2×8"
     assert status.start_time == ts(NOW)
     assert "Planned" in reasons(decision)
+    planned = next(e.message for e in decision.events if e.reason == "Planned")
+    assert planned.startswith(str(Strategy.from_plan(status.plan))) and planned.count(" micro-batch ") == 1, planned
 
 
 def test_all_ranks_ready_is_running_and_reports_workers() -> None:
@@ -169,8 +172,8 @@ def test_the_resumed_gang_announces_its_checkpoint_once_as_an_event() -> None:
     event = next(e for e in decision.events if e.reason == "ResumedFromCheckpoint")
     assert event.type == "Normal"
     assert event.message == (
-        "rank 0 resumed from the step-8 checkpoint under ZeRO-3, offload none, micro-batch 1 × accumulation 2, "
-        "checkpointing off; it was written under another strategy and converted"
+        "rank 0 resumed from the step-8 checkpoint under ZeRO-3, micro-batch 1 x accumulation 2; "
+        "it was written under another strategy and converted"
     ), event.message
     assert job.status is not None and job.status.progress == resumed
     _, again = step(job, new_gang, progress=resumed.model_copy(update={"step": 10}))
@@ -258,6 +261,17 @@ def test_config_change_restarts_the_gang_without_counting() -> None:
     decision = run(job, [pod(0, config_hash="old"), pod(1, config_hash="old")])
     assert decision.delete_pods and decision.status.restarts == 0
     assert "ConfigChanged" in reasons(decision)
+
+
+def test_a_reason_that_names_the_strategy_is_the_planned_message_as_it_is() -> None:
+    def measured(spec: FineTuneJobSpec) -> PlanStatus:
+        plan = planner(spec)
+        return plan.model_copy(update={"reason": f"{Strategy.from_plan(plan)} fits: 1.0 GiB of 72.0 GiB usable"})
+
+    decision = run(job_with(), [], sts=False, planner=measured)
+    assert decision.status.plan is not None
+    planned = next(e.message for e in decision.events if e.reason == "Planned")
+    assert planned == decision.status.plan.reason
 
 
 def test_plan_errors_become_failed_conditions() -> None:

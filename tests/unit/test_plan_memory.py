@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from finetune_operator.api.loss_chunks import HIDDEN_COPIES
+from finetune_operator.api.strategy import Strategy
 from finetune_operator.plan.activations import PACKED_CPU_ATTENTION_BYTES_PER_SCORE, activation_bytes
-from finetune_operator.plan.memory import Strategy, estimate_memory
+from finetune_operator.plan.memory import estimate_memory
 from finetune_operator.plan.planner import plan_job
 from finetune_operator.plan.workload import Workload, workload_from_spec
 from tests.factories import make_job
@@ -29,7 +30,14 @@ def workload(arch: str, method: str = "full", nodes: int = 1, gpus: int = 8, seq
 
 
 def strategy(stage: int, optimizer: str = "none", params: str = "none", ckpt: bool = False, micro: int = 1) -> Strategy:
-    return Strategy(stage, optimizer, params, ckpt, micro, 1)
+    return Strategy(
+        zero_stage=stage,
+        offload_optimizer=optimizer,
+        offload_params=params,
+        gradient_checkpointing=ckpt,
+        micro_batch_size=micro,
+        gradient_accumulation_steps=1,
+    )
 
 
 @pytest.fixture(scope="module")

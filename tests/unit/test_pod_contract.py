@@ -136,16 +136,17 @@ def test_checkpoint_state_reads_files_written_before_it_was_typed() -> None:
 
 
 def test_checkpoint_state_round_trips_the_strategy_that_wrote_it() -> None:
-    from finetune_operator.api.pod_contract import CheckpointFormat, TrainingStrategy
+    from finetune_operator.api.pod_contract import CheckpointFormat
+    from finetune_operator.api.strategy import Strategy
 
-    zero2 = TrainingStrategy(zero_stage=2, micro_batch_size=2, gradient_accumulation_steps=2, world_size=2)
+    zero2 = Strategy(zero_stage=2, micro_batch_size=2, gradient_accumulation_steps=2, world_size=2)
     state = CheckpointState(global_step=6, strategy=zero2, checkpoint_format=CheckpointFormat.TRAINABLE)
     text = state.to_file()
     assert '"zeroStage": 2' in text and '"checkpointFormat": "trainable"' in text
     assert CheckpointState.from_file(text) == state
     zero3 = zero2.model_copy(update={"zero_stage": 3, "offload_optimizer": "cpu"})
     assert zero2.changes(zero3) == ["offloadOptimizer: none -> cpu", "zeroStage: 2 -> 3"]
-    assert zero3.describe() == "ZeRO-3, optimizer offload cpu, micro-batch 2 x accumulation 2 x world 2"
+    assert str(zero3) == "ZeRO-3, optimizer offload cpu, micro-batch 2 x accumulation 2 x world 2"
     assert zero3.global_batch == 8
 
 

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
 
-from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState, TrainingStrategy
+from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState
+from finetune_operator.api.strategy import Strategy
 from finetune_trainer import s3_inputs
 from finetune_trainer.objstore import (
     Connection,
@@ -329,7 +330,7 @@ def test_a_failed_upload_commits_nothing_and_leaves_the_previous_checkpoint(tmp_
     memory.down = False
     assert out.newest() == Manifest.from_json(before["job/checkpoints/step-00000008/manifest.json"])
     staged = tmp_path / "resume"
-    strategy = TrainingStrategy(
+    strategy = Strategy(
         zero_stage=2,
         offload_optimizer="none",
         offload_params="none",

@@ -30,6 +30,8 @@ import yaml
 from finetune_localcluster import PROCESS_NODE_PLACEMENT, LocalCluster
 from finetune_localcluster.binaries import ensure_binaries
 from finetune_localcluster.devtools import OperatorProcess, bind_claim, helm, install_crd, service_account_kubeconfig
+from finetune_operator.api.status import PlanStatus
+from finetune_operator.api.strategy import Strategy
 from tools.demo import prepare
 
 REPO = Path(__file__).resolve().parents[2]
@@ -173,11 +175,10 @@ def main() -> int:
             run = (status.get("result") or {}).get("tracking") or {}
             if run.get("runUrl"):
                 show_run(run, default_uri[1] if default_uri else None)
-            plan = status.get("plan", {})
-            print(f"\nplan: ZeRO-{plan.get('zeroStage')}, offload optimizer={plan.get('offloadOptimizer')} "
-                  f"params={plan.get('offloadParams')}, micro-batch {plan.get('microBatchSize')} × "
-                  f"accumulation {plan.get('gradientAccumulationSteps')}")  # fmt: skip
-            print(f"why:  {plan.get('reason')}")
+            if status.get("plan"):
+                plan = PlanStatus.from_wire(status["plan"])
+                print(f"\nplan: {Strategy.from_plan(plan)}")
+                print(f"why:  {plan.reason}")
             adapter = cluster.workdir / "pvc" / JOB_NS / CLAIM / name / "adapter"
             with contextlib.suppress(FileNotFoundError):
                 files = sorted(p.name for p in adapter.iterdir())

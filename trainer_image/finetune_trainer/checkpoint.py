@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState, TrainingStrategy
+from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState
 from finetune_operator.api.pod_env import PodEnv
+from finetune_operator.api.strategy import Strategy
 
 from . import universal
 
@@ -223,7 +224,7 @@ FORMAT_TRAINABLE = CheckpointFormat.TRAINABLE
 FORMAT_DEEPSPEED = CheckpointFormat.DEEPSPEED
 
 
-def check_deepspeed_resume(found: Found, strategy: TrainingStrategy) -> bool:
+def check_deepspeed_resume(found: Found, strategy: Strategy) -> bool:
     """Whether DeepSpeed shards written under another ZeRO stage or world size must be converted
     (full fine-tuning); a `ConfigError` naming the field where they cannot be (see `universal`)."""
     saved = found.state.strategy
@@ -286,7 +287,7 @@ def save(
     return final
 
 
-def load(engine: Any, found: Found, dist: Any, strategy: TrainingStrategy) -> bool:
+def load(engine: Any, found: Found, dist: Any, strategy: Strategy) -> bool:
     """Restore engine (weights, optimizer, scheduler) and this rank's RNG under `strategy`;
     returns whether DeepSpeed shards were converted for it. `dist`: `rank` and `sum` (collective)."""
     import torch

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune_operator.api.pod_contract import CheckpointState, TrainingStrategy, TrainingSummary
+from finetune_operator.api.pod_contract import CheckpointState, TrainingSummary
 from finetune_operator.api.spec import MethodType
+from finetune_operator.api.strategy import Strategy
 
 from . import checkpoint, evaluation, export, modeling, rank_setup, s3_checkpoints, universal
 from .data.batching import collate
@@ -119,8 +120,7 @@ class Trainer:
 
     def _log_setup(self, on_gpu: bool) -> None:
         log.info(
-            "model %s: %s, %d/%d trainable parameters, %s on %s (optimizer %s), ZeRO-%d, "
-            "micro-batch %d x accumulation %d x world %d, %d steps (%d per epoch), loss: %s",
+            "model %s: %s, %d/%d trainable parameters, %s on %s (optimizer %s), %s, %d steps (%d per epoch), loss: %s",
             self.spec.model.uri,
             self.spec.method.type,
             self.parameters.trainable,
@@ -128,10 +128,7 @@ class Trainer:
             self.compute.precision,
             "GPU" if on_gpu else "CPU",
             type(self.engine.optimizer).__name__,
-            self.plan.zero_stage,
-            self.plan.micro_batch_size,
-            self.plan.gradient_accumulation_steps,
-            self.dist.world,
+            self.strategy,
             self.data.total_steps,
             self.data.sampler.steps_per_epoch,
             self.loss.name,
@@ -368,17 +365,9 @@ class Trainer:
             self._checkpoint(state.model_copy(update={"data_position": self.data.sampler.position(done)}))
 
     @property
-    def strategy(self) -> TrainingStrategy:
+    def strategy(self) -> Strategy:
         """How this run shards, offloads and batches: recorded with every checkpoint."""
-        plan = self.plan
-        return TrainingStrategy(
-            zero_stage=plan.zero_stage,
-            offload_optimizer=plan.offload_optimizer,
-            offload_params=plan.offload_params,
-            micro_batch_size=plan.micro_batch_size,
-            gradient_accumulation_steps=plan.gradient_accumulation_steps,
-            world_size=self.dist.world,
-        )
+        return Strategy.from_plan(self.plan, self.dist.world)
 
     def _check_global_batch(self, found: checkpoint.Found) -> None:
         """The data position is `step x global batch`: a resume must keep the global batch."""
@@ -389,8 +378,8 @@ class Trainer:
             return
         raise ConfigError(
             f"checkpoint {found.path} was written with a global batch of {saved.global_batch} sequences "
-            f"({saved.describe()}); this run's is {self.data.sampler.per_step} "
-            f"({self.strategy.describe()}), so its data position would skip or repeat samples. "
+            f"({saved}); this run's is {self.data.sampler.per_step} "
+            f"({self.strategy}), so its data position would skip or repeat samples. "
             "Choose training.globalBatchSize divisible by numNodes x gpusPerNode x microBatchSize"
         )
 
@@ -409,8 +398,8 @@ class Trainer:
             log.warning(
                 "resumed from step %d written by %s; now %s (%s): %s",
                 found.step,
-                saved.describe(),
-                now.describe(),
+                saved,
+                now,
                 "; ".join(saved.changes(now)),
                 how,
             )

@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState, TrainingStrategy
+from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState
 from finetune_operator.api.pod_env import PodEnv
+from finetune_operator.api.strategy import Strategy
 
 from . import checkpoint, universal
 from .objstore import ObjectStore, S3Uri, StoreError, StoreNotFound, store_for
@@ -239,7 +240,7 @@ class S3Output:
             self.store.get_bytes(self.checkpoints.child(f"{checkpoint.step_dir_name(step)}/{MANIFEST}"))
         )
 
-    def stage_newest(self, ckpt_root: Path, strategy: TrainingStrategy) -> int | None:
+    def stage_newest(self, ckpt_root: Path, strategy: Strategy) -> int | None:
         """Collective, before the loop looks for a checkpoint: rank 0 deletes uncommitted
         folders; each pod's first rank replaces its local checkpoints with what its ranks need
         of the newest committed one. Returns its step (None: a fresh start)."""
@@ -254,7 +255,7 @@ class S3Output:
         self._agree(error, "downloading the newest committed checkpoint")
         return step
 
-    def _download_newest(self, ckpt_root: Path, strategy: TrainingStrategy) -> int | None:
+    def _download_newest(self, ckpt_root: Path, strategy: Strategy) -> int | None:
         _empty(ckpt_root)  # anything local predates the bucket's state: never trusted
         manifest = self.newest()
         if manifest is None:

@@ -34,7 +34,7 @@ from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any, Protocol
 
-from finetune_operator.api.pod_contract import TrainingStrategy
+from finetune_operator.api.strategy import Strategy
 
 from . import portable
 from .settings import ConfigError
@@ -57,11 +57,11 @@ class ConversionError(RuntimeError):
     """`ds_to_universal` failed on a checkpoint (a `TrainingError`: a restart tries again)."""
 
 
-def sharding_changes(saved: TrainingStrategy, now: TrainingStrategy) -> list[str]:
+def sharding_changes(saved: Strategy, now: Strategy) -> list[str]:
     return [c for c in saved.changes(now) if c.split(":")[0] in SHARDING]
 
 
-def refusal(saved: TrainingStrategy, now: TrainingStrategy) -> str | None:
+def refusal(saved: Strategy, now: Strategy) -> str | None:
     """Why a checkpoint of `saved` cannot be converted for `now`, or None when it can."""
     stages = (saved.zero_stage, now.zero_stage)
     if 0 in stages and stages != (0, 0):
@@ -78,7 +78,7 @@ def refusal(saved: TrainingStrategy, now: TrainingStrategy) -> str | None:
     return None
 
 
-def needs_conversion(saved: TrainingStrategy, now: TrainingStrategy) -> bool:
+def needs_conversion(saved: Strategy, now: Strategy) -> bool:
     """ZeRO 1-3 shards are tied to the stage and world size; ZeRO-0 keeps everything whole."""
     return bool(sharding_changes(saved, now)) and (saved.zero_stage, now.zero_stage) != (0, 0)
 
@@ -171,12 +171,12 @@ def load(engine: Any, folder: Path) -> dict[str, Any]:
     return meta
 
 
-def check(found_path: Path, saved: TrainingStrategy, now: TrainingStrategy) -> None:
+def check(found_path: Path, saved: Strategy, now: Strategy) -> None:
     """A `ConfigError` naming the field when `saved` -> `now` cannot be converted."""
     why = refusal(saved, now)
     if why is not None and sharding_changes(saved, now):
         raise ConfigError(
-            f"checkpoint {found_path} was written by {saved.describe()}, this run is {now.describe()} "
+            f"checkpoint {found_path} was written by {saved}, this run is {now} "
             f"({'; '.join(sharding_changes(saved, now))}): {why}. Pin the old values, or delete the "
             "checkpoints to start over"
         )

@@ -23,6 +23,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from . import reasons
 from .base import ApiModel
 from .status import Result
+from .strategy import Strategy
 from .tracking import TrackingResult
 
 CONFIG_DIR = "/etc/ftjob"
@@ -167,40 +168,6 @@ class TrainingSummary(ApiModel):
         )
 
 
-class TrainingStrategy(ApiModel):
-    """How a run shards, offloads and batches: recorded with every checkpoint it writes, so a
-    resume under a re-plan knows what changed."""
-
-    zero_stage: Annotated[int, Field(ge=0, le=3)]
-    offload_optimizer: str = "none"
-    offload_params: str = "none"
-    micro_batch_size: Annotated[int, Field(ge=1)]
-    gradient_accumulation_steps: Annotated[int, Field(ge=1)]
-    world_size: Annotated[int, Field(ge=1)]
-
-    @property
-    def global_batch(self) -> int:
-        return self.micro_batch_size * self.gradient_accumulation_steps * self.world_size
-
-    def describe(self) -> str:
-        """`ZeRO-2, micro-batch 2 x accumulation 2 x world 2` (+ offload where there is one)."""
-        parts = [f"ZeRO-{self.zero_stage}"]
-        if self.offload_optimizer != "none":
-            parts.append(f"optimizer offload {self.offload_optimizer}")
-        if self.offload_params != "none":
-            parts.append(f"parameter offload {self.offload_params}")
-        parts.append(
-            f"micro-batch {self.micro_batch_size} x accumulation {self.gradient_accumulation_steps} "
-            f"x world {self.world_size}"
-        )
-        return ", ".join(parts)
-
-    def changes(self, now: TrainingStrategy) -> list[str]:
-        """`field: old -> new` (wire names) for each field that differs in `now`."""
-        old, new = self.to_wire(), now.to_wire()
-        return [f"{key}: {old.get(key)} -> {new.get(key)}" for key in sorted(new) if old.get(key) != new.get(key)]
-
-
 class CheckpointFormat(StrEnum):
     TRAINABLE = "trainable"
     """The consolidated trainable state (LoRA, QLoRA): any strategy loads it."""
@@ -220,7 +187,7 @@ class CheckpointState(ApiModel):
     last_loss: float | None = None
     eval_before: dict[str, Any] | None = None
     data_position: dict[str, Any] | None = None
-    strategy: TrainingStrategy | None = None
+    strategy: Strategy | None = None
     checkpoint_format: CheckpointFormat | None = None
 
     def to_file(self) -> str:

@@ -58,8 +58,9 @@ def _table(result: PlanResult, show_all: bool) -> str:
         chosen_index = result.chosen.index if result.chosen else -1
         keep = set(best.values()) | {chosen_index}
         rows = [c for c in rows if c.index in keep]
+    width = max([40, *(len(str(c.strategy)) + 2 for c in rows)])
     header = (
-        f"  {'strategy':40}"
+        f"  {'strategy':{width}}"
         + "".join(f"{COLUMN_TITLES[k]:>8}" for k in BREAKDOWN_KEYS)
         + f"{'total':>8}{'s/step':>9}  verdict"
     )
@@ -68,7 +69,7 @@ def _table(result: PlanResult, show_all: bool) -> str:
         mark = "*" if result.chosen is not None and c.index == result.chosen.index else " "
         cells = "".join(f"{c.memory.breakdown[k] / gib:8.1f}" for k in BREAKDOWN_KEYS)
         lines.append(
-            f"{mark} {c.strategy.label():40}{cells}{c.per_gpu_bytes / gib:8.1f}{c.step.seconds:9.2f}  {c.reason}"
+            f"{mark} {c.strategy!s:{width}}{cells}{c.per_gpu_bytes / gib:8.1f}{c.step.seconds:9.2f}  {c.reason}"
         )
     return "\n".join(lines)
 

@@ -16,7 +16,7 @@ MIN_SEQUENCE = 256
 
 def _fits(workload: Workload, pins: Pins, budget: float) -> str | None:
     chosen = pick(evaluate_all(workload, pins, budget))
-    return None if chosen is None else f"{chosen.strategy.label()}, {chosen.per_gpu_bytes / GIB:.1f} GiB per GPU"
+    return None if chosen is None else f"{chosen.strategy}, {chosen.per_gpu_bytes / GIB:.1f} GiB per GPU"
 
 
 def what_would_fit(
@@ -64,7 +64,7 @@ def what_would_fit(
     best = min(candidates, key=lambda c: c.per_gpu_bytes, default=None)
     if best is not None:
         needed = best.per_gpu_bytes / margin
-        out.append(f"bigger GPUs: {best.strategy.label()} needs {needed / GIB:.0f} GiB GPUs at the {margin:.0%} margin")
+        out.append(f"bigger GPUs: {best.strategy} needs {needed / GIB:.0f} GiB GPUs at the {margin:.0%} margin")
     if workload.host_memory_bytes is not None and any(c.fits_gpu and not c.fits_host for c in candidates):
         out.append("more host memory (resources.memory): some offload strategies fit the GPUs but not the host")
     return out

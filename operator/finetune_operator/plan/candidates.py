@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..api.spec import FineTuneJobSpec
+from ..api.strategy import Strategy
 from .comm import StepTime, bytes_per_step, step_time
-from .memory import MemoryEstimate, Strategy, estimate_memory, frozen_weight_bytes, persisted_param_bytes
+from .memory import MemoryEstimate, estimate_memory, frozen_weight_bytes, persisted_param_bytes
 from .workload import Workload
 
 GIB = 2**30
@@ -103,7 +104,14 @@ def enumerate_strategies(workload: Workload, pins: Pins) -> Iterator[Strategy]:
                 continue
             for micro, accumulation in micro_batch_options(workload, pins.micro_batch_size):
                 for ckpt in checkpointing:
-                    yield Strategy(stage, optimizer, params, ckpt, micro, accumulation)
+                    yield Strategy(
+                        zero_stage=stage,
+                        offload_optimizer=optimizer,
+                        offload_params=params,
+                        gradient_checkpointing=ckpt,
+                        micro_batch_size=micro,
+                        gradient_accumulation_steps=accumulation,
+                    )
 
 
 @dataclass(frozen=True)

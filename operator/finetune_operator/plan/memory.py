@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..api.strategy import Strategy
 from .activations import activation_bytes
 from .param_count import is_adapted, lora_rank
 from .workload import HOST_BASELINE_PER_RANK, Workload, per_workload
@@ -44,26 +45,6 @@ BREAKDOWN_KEYS = (
 MODEL_STATE_KEYS = BREAKDOWN_KEYS[:4]
 ADAM_BYTES = 8
 FP32_BYTES = 4
-
-
-@dataclass(frozen=True, order=True)
-class Strategy:
-    """One way to run the job: what DeepSpeed shards or offloads, and the batch shape."""
-
-    zero_stage: int
-    offload_optimizer: str
-    offload_params: str
-    gradient_checkpointing: bool
-    micro_batch_size: int
-    gradient_accumulation_steps: int
-
-    def label(self) -> str:
-        offload = [f"opt→{self.offload_optimizer}" for _ in [0] if self.offload_optimizer != "none"]
-        offload += [f"params→{self.offload_params}" for _ in [0] if self.offload_params != "none"]
-        return " ".join(
-            [f"ZeRO-{self.zero_stage}", *offload, f"mb={self.micro_batch_size}×{self.gradient_accumulation_steps}"]
-            + (["ckpt"] if self.gradient_checkpointing else [])
-        )
 
 
 @dataclass(frozen=True)

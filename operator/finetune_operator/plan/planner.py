@@ -18,7 +18,6 @@ from ..api.status import MemoryBreakdown, PlanStatus, RejectedCandidate
 from .advice import what_would_fit
 from .candidates import Candidate, Pins, evaluate_all, pick
 from .errors import DoesNotFitError
-from .memory import BREAKDOWN_KEYS, Strategy
 from .model_bytes import check_model_cache, model_bytes
 from .model_source import ModelSource
 from .workload import DEFAULT_FIT_MARGIN, GIB, Workload, workload_from_spec
@@ -30,23 +29,12 @@ def gib(value: float) -> str:
     return f"{value / GIB:.1f} GiB"
 
 
-def _camel(key: str) -> str:
-    head, *rest = key.split("_")
-    return head + "".join(part.title() for part in rest)
-
-
 def candidate_json(candidate: Candidate, with_verdict: bool) -> dict[str, Any]:
     """A candidate in the `ftjob plan --json` form."""
-    s = candidate.strategy
     out: dict[str, Any] = {
-        "zeroStage": s.zero_stage,
-        "offloadOptimizer": s.offload_optimizer,
-        "offloadParams": s.offload_params,
-        "gradientCheckpointing": s.gradient_checkpointing,
-        "microBatchSize": s.micro_batch_size,
-        "gradientAccumulationSteps": s.gradient_accumulation_steps,
+        **candidate.strategy.to_wire(),
         "perGpuBytes": candidate.per_gpu_bytes,
-        "breakdown": {_camel(key): candidate.memory.breakdown[key] for key in BREAKDOWN_KEYS},
+        "breakdown": MemoryBreakdown(**candidate.memory.breakdown).to_wire(),
         "hostBytesPerNode": candidate.memory.host_bytes_per_node,
         "estimatedStepSeconds": round(candidate.step.seconds, 4),
     }
@@ -93,14 +81,8 @@ def status_of(
     rejected: list[RejectedCandidate],
     trainable_parameters: int | None = None,
 ) -> PlanStatus:
-    s = candidate.strategy
     return PlanStatus(
-        zero_stage=s.zero_stage,
-        offload_optimizer=s.offload_optimizer,
-        offload_params=s.offload_params,
-        gradient_checkpointing=s.gradient_checkpointing,
-        micro_batch_size=s.micro_batch_size,
-        gradient_accumulation_steps=s.gradient_accumulation_steps,
+        **candidate.strategy.model_dump(exclude={"world_size"}),
         per_gpu_bytes=candidate.per_gpu_bytes,
         gpu_memory_bytes=gpu_memory_bytes,
         host_bytes_per_node=candidate.memory.host_bytes_per_node,
@@ -126,7 +108,7 @@ def rejected_alternatives(candidates: list[Candidate], chosen: Candidate) -> lis
             best[key] = c
     ordered = sorted(best.values(), key=lambda c: (c.tier, c.strategy.zero_stage))
     return [
-        RejectedCandidate(summary=c.strategy.label()[:256], reason=c.reason[:1024])
+        RejectedCandidate(summary=str(c.strategy)[:256], reason=c.reason[:1024])
         for c in ordered[:MAX_REJECTED_IN_STATUS]
     ]
 
@@ -185,7 +167,7 @@ def _verdict(chosen: Candidate | None, workload: Workload, gpu_memory: int, budg
         else ""
     )
     return (
-        f"{s.label()} fits: {gib(chosen.per_gpu_bytes)} of {gib(budget)} usable per {device} on {where}{at_load}, "
+        f"{s} fits: {gib(chosen.per_gpu_bytes)} of {gib(budget)} usable per {device} on {where}{at_load}, "
         f"~{chosen.step.seconds:.2f} s/step"
     )
 
@@ -268,14 +250,3 @@ def plan_job(
 def choose_plan(spec: FineTuneJobSpec, local_files: bool = True, source: ModelSource | None = None) -> PlanStatus:
     """The plan the operator (`local_files=False`) and `ftjob run` use: the chosen candidate as `status.plan`."""
     return plan_job(spec, local_files=local_files, source=source).to_status()
-
-
-def strategy_of(status: PlanStatus) -> Strategy:
-    return Strategy(
-        status.zero_stage,
-        status.offload_optimizer,
-        status.offload_params,
-        status.gradient_checkpointing,
-        status.micro_batch_size,
-        status.gradient_accumulation_steps,
-    )

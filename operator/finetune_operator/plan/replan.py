@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 from ..api.spec import FineTuneJobSpec
 from ..api.status import PlanStatus
+from ..api.strategy import Strategy
 from .candidates import Candidate, Pins, evaluate_all
-from .memory import Strategy
 from .model_source import ModelSource
-from .planner import explain, rejected_alternatives, status_of, strategy_of
+from .planner import explain, rejected_alternatives, status_of
 from .workload import DEFAULT_FIT_MARGIN, workload_from_spec
 
 LADDER = (
@@ -65,7 +65,7 @@ def next_frugal_plan(
     workload = workload_from_spec(spec, source=source)
     budget = int(current.gpu_memory_bytes * margin) or int(spec.resources.gpu_memory_bytes * margin)
     candidates = evaluate_all(workload, Pins.from_spec(spec), budget)
-    now = strategy_of(current)
+    now = Strategy.from_plan(current)
     ceiling = current.per_gpu_bytes or next(
         (c.per_gpu_bytes for c in candidates if c.strategy == now), min(c.per_gpu_bytes for c in candidates) + 1
     )
@@ -90,7 +90,7 @@ def next_frugal_plan(
             status = status_of(
                 chosen,
                 current.gpu_memory_bytes or spec.resources.gpu_memory_bytes,
-                f"re-planned after {reason}: {chosen.strategy.label()}",
+                f"re-planned after {reason}: {chosen.strategy}",
                 rejected_alternatives(explained, chosen),
                 workload.counts.trainable,
             )

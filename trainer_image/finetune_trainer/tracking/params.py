@@ -11,19 +11,13 @@ from importlib import metadata
 
 from finetune_operator.api.spec import MethodType
 from finetune_operator.api.status import PlanStatus
+from finetune_operator.api.strategy import Strategy
 
 from ..settings import JobConfig
 
 
 def describe_plan(plan: PlanStatus) -> str:
-    parts = [f"ZeRO-{plan.zero_stage}"]
-    for what, where in (("optimizer", plan.offload_optimizer), ("parameter", plan.offload_params)):
-        if where != "none":
-            parts.append(f"{what} offload {where}")
-    parts.append(f"micro-batch {plan.micro_batch_size} x accumulation {plan.gradient_accumulation_steps}")
-    parts.append(f"checkpointing {'on' if plan.gradient_checkpointing else 'off'}")
-    parts.append(f"{plan.per_gpu_bytes / 2**30:.1f} GiB per GPU planned")
-    return ", ".join(parts)
+    return f"{Strategy.from_plan(plan)}, {plan.per_gpu_bytes / 2**30:.1f} GiB per GPU planned"
 
 
 def operator_version() -> str:

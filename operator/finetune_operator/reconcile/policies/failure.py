@@ -9,10 +9,11 @@ from ...api import reasons as R
 from ...api.reasons import ConditionType
 from ...api.spec import MethodType, OomAction
 from ...api.status import LastFailure, PlanStatus
+from ...api.strategy import Strategy
 from .. import termination
 from ..observed import PodView, Termination
 from .phases import Action, Gang, Inputs
-from .status_builder import StatusBuilder, describe_plan
+from .status_builder import StatusBuilder
 
 
 def _first_failure(pods: tuple[PodView, ...]) -> tuple[PodView, Termination] | None:
@@ -66,7 +67,8 @@ def _handle(
         if frugal is None:
             b.fail(R.OUT_OF_MEMORY, f"{cause}; no more memory-frugal strategy is left to try")
             return plan, False
-        why = f"{cause}; re-planned from {describe_plan(plan)} to {describe_plan(frugal)}; {_resume_note(inputs)}"
+        before, after = Strategy.from_plan(plan), Strategy.from_plan(frugal)
+        why = f"{cause}; re-planned from {before} to {after}; {_resume_note(inputs)}"
         frugal = frugal.model_copy(update={"replans": plan.replans + 1, "replan_reason": why})
         b.update(restarts=b.status.restarts + 1)
         b.cond(ConditionType.RESTARTING, True, R.REPLANNED, why, warn=True)

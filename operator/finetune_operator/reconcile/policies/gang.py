@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from ...api import reasons as R
 from ...api.status import PlanStatus, Progress, Workers
+from ...api.strategy import Strategy
 from ...api.timestamps import parse_timestamp
 from . import tracking
 from .phases import Cleared, Gang, Inputs
-from .status_builder import StatusBuilder, describe_plan
+from .status_builder import StatusBuilder
 
 
 def announce_resume(
@@ -25,7 +26,7 @@ def announce_resume(
     how = "another strategy and converted" if converted else "the same strategy"
     b.event(
         R.RESUMED_CHECKPOINT,
-        f"rank 0 resumed from the step-{step} checkpoint under {describe_plan(plan)}; it was written under {how}",
+        f"rank 0 resumed from the step-{step} checkpoint under {Strategy.from_plan(plan)}; it was written under {how}",
     )
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 from ...api import reasons as R
 from ...api.reasons import ConditionType
 from ...api.status import PlanStatus
+from ...api.strategy import Strategy
 from ..decision import Effects, PlanFailed, PlanPending
 from .phases import Inputs
-from .status_builder import StatusBuilder, describe_plan
+from .status_builder import StatusBuilder
 
 
 def plan(inputs: Inputs, b: StatusBuilder) -> PlanStatus | Effects:
@@ -31,5 +32,7 @@ def plan(inputs: Inputs, b: StatusBuilder) -> PlanStatus | Effects:
     if current is not None:
         fresh = fresh.model_copy(update={"replans": current.replans, "replan_reason": current.replan_reason})
     b.update(plan=fresh)
-    b.cond(ConditionType.PLANNED, True, R.PLANNED, f"{describe_plan(fresh)}. {fresh.reason}".strip())
+    strategy = str(Strategy.from_plan(fresh))
+    message = fresh.reason if strategy in fresh.reason else f"{strategy}. {fresh.reason}".strip()
+    b.cond(ConditionType.PLANNED, True, R.PLANNED, message)
     return fresh

@@ -11,23 +11,10 @@ from datetime import datetime
 
 from ...api.job import FineTuneJob
 from ...api.reasons import ConditionType
-from ...api.status import FineTuneJobStatus, PlanStatus
+from ...api.status import FineTuneJobStatus
 from ...api.timestamps import timestamp
 from ..conditions import headline, is_true, set_condition
 from ..decision import Event
-
-
-def describe_plan(plan: PlanStatus) -> str:
-    offload = []
-    if plan.offload_optimizer != "none":
-        offload.append(f"optimizer→{plan.offload_optimizer}")
-    if plan.offload_params != "none":
-        offload.append(f"params→{plan.offload_params}")
-    checkpointing = "on" if plan.gradient_checkpointing else "off"
-    return (
-        f"ZeRO-{plan.zero_stage}, offload {', '.join(offload) or 'none'}, micro-batch {plan.micro_batch_size} × "
-        f"accumulation {plan.gradient_accumulation_steps}, checkpointing {checkpointing}"
-    )
 
 
 class StatusBuilder:
