@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from ..api.base import quantity_bytes
 from ..api.lora_rules import UnsupportedSetting, resolve_lora_dropout
-from ..api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec
+from ..api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec, MethodType
 from .errors import InvalidModelError, PlanningError, UnsupportedSettingError
 from .model_files import not_causal
 from .model_source import ModelSource, resolve_model
@@ -75,7 +75,7 @@ class Workload:
     source: ModelSource
     shape: ArchitectureShape
     counts: ParameterCounts
-    method: str
+    method: MethodType
     lora_r: int
     target_modules: tuple[str, ...]
     lora_dropout: float
@@ -111,11 +111,11 @@ class Workload:
     def with_seq_len(self, seq_len: int) -> Workload:
         return replace(self, seq_len=seq_len)
 
-    def with_method(self, method: str) -> Workload:
+    def with_method(self, method: MethodType) -> Workload:
         """The same job fine-tuned another way (lora, qlora or full)."""
-        lora_r = None if method == "full" else self.lora_r
+        lora_r = None if method == MethodType.FULL else self.lora_r
         counts = count_parameters(self.shape, lora_r, self.target_modules)
-        dropout = 0.0 if method == "full" else (self.lora_dropout or DEFAULT_LORA_DROPOUT)
+        dropout = 0.0 if method == MethodType.FULL else (self.lora_dropout or DEFAULT_LORA_DROPOUT)
         return replace(self, method=method, counts=counts, lora_dropout=dropout)
 
 
@@ -155,7 +155,7 @@ def adapts_fused_experts(shape: ArchitectureShape, target_modules: Sequence[str]
 
 
 def _lora_dropout(spec: FineTuneJobSpec, shape: ArchitectureShape, model: str) -> float:
-    if str(spec.method.type) == "full":
+    if spec.method.type == MethodType.FULL:
         return 0.0
     lora = spec.method.lora_or_default
     fused = adapts_fused_experts(shape, lora.target_modules)
@@ -182,9 +182,9 @@ def workload_from_spec(
         raise
     except (ValueError, TypeError, KeyError, ArithmeticError) as exc:  # a config.json of odd values
         raise InvalidModelError(f"{source.origin}: cannot read the model's architecture: {exc}") from None
-    method = str(spec.method.type)
+    method = MethodType(spec.method.type)
     lora = spec.method.lora_or_default
-    counts = count_parameters(shape, None if method == "full" else lora.r, lora.target_modules)
+    counts = count_parameters(shape, None if method == MethodType.FULL else lora.r, lora.target_modules)
     precision = str(spec.training.precision)
     on_cpu = spec.resources.gpus_per_node == 0
     # a CPU rank computes in the job's precision too; where its CPU has no fp16 it computes in bf16,
