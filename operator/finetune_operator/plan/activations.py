@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from ..api.loss_chunks import chunked_loss_bytes
 from ..api.spec import MethodType
 from .activation_traits import FamilyActivationTraits, family_traits
-from .param_count import is_adapted
 from .workload import Workload, per_workload
 
 LOGIT_BYTES_PER_VOCAB = 12
@@ -134,13 +133,9 @@ def _qk_norm_bytes(workload: Workload, traits: FamilyActivationTraits) -> int:
 @per_workload
 def _adapted_modules(workload: Workload) -> frozenset[str]:
     """The names of the dense modules LoRA adapts in each layer (a MoE router as `router`)."""
+    groups = (a.group for a in workload.adapted)
     return frozenset(
-        "router" if g.kind == "router" else g.name
-        for g in workload.shape.groups
-        if g.kind != "experts"
-        and g.part == "decoder"
-        and workload.method != MethodType.FULL
-        and is_adapted(g, workload.target_modules)
+        "router" if g.kind == "router" else g.name for g in groups if g.kind != "experts" and g.part == "decoder"
     )
 
 
@@ -177,9 +172,7 @@ def _mlp_bytes(workload: Workload) -> int:
     h, inter = shape.hidden_size, shape.intermediate_size
     if shape.num_experts <= 1:
         return 3 * e * inter
-    trained = workload.method == MethodType.FULL or any(
-        g.kind == "experts" and is_adapted(g, workload.target_modules) for g in shape.groups
-    )
+    trained = workload.method == MethodType.FULL or workload.adapts_experts
     if family_traits(shape).clamped_experts:
         per_expert = 7 * inter + 2 * h if trained else 6 * inter + h
     else:
@@ -201,11 +194,9 @@ def layer_bytes_per_token(workload: Workload) -> float:
 @per_workload
 def materialised_expert_bytes_per_layer(workload: Workload) -> int:
     """peft's LoRA on fused expert weights keeps `W + B·A` for backward, per layer."""
-    shape = workload.shape
-    experts_adapted = any(g.kind == "experts" and is_adapted(g, workload.target_modules) for g in shape.groups)
-    if workload.method == MethodType.FULL or not experts_adapted:
+    if not workload.adapts_experts:  # frozen experts, or full fine-tuning's trained ones
         return 0
-    expert_params = sum(g.params_each for g in shape.groups if g.kind == "experts")
+    expert_params = sum(g.params_each for g in workload.shape.groups if g.kind == "experts")
     return workload.param_bytes * expert_params
 
 
@@ -308,8 +299,7 @@ def _down_input_bytes_per_token(workload: Workload) -> int:
     shape, e = workload.shape, workload.param_bytes
     if workload.method == MethodType.FULL:
         return e * shape.intermediate_size
-    if not any(g.name == "down_proj" and g.part == "decoder" and is_adapted(g, workload.target_modules)
-               for g in shape.groups):  # fmt: skip
+    if not any(a.group.name == "down_proj" and a.group.part == "decoder" for a in workload.adapted):
         return 0
     mask = dropout_mask_bytes(workload) if workload.lora_dropout > 0 else 0
     return (e + mask) * shape.intermediate_size

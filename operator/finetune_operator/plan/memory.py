@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 from ..api.spec import MethodType
 from .activations import activation_bytes
-from .param_count import is_adapted, lora_rank
 from .workload import HOST_BASELINE_PER_RANK, Workload, per_workload
 
 BREAKDOWN_KEYS = (
@@ -108,15 +107,11 @@ def frozen_weight_bytes(workload: Workload) -> int:
 @per_workload
 def persistent_adapter_params(workload: Workload) -> int:
     """LoRA matrices below ZeRO-3's persistence threshold: kept whole on every rank, not sharded."""
-    if workload.method == MethodType.FULL:
-        return 0
     threshold, out = workload.buffers.persistence_threshold, 0
-    for group in workload.shape.groups:
-        if not is_adapted(group, workload.target_modules):
-            continue
-        rank = lora_rank(group, workload.lora_r)
+    for adapted in workload.adapted:  # none in full fine-tuning
+        group = adapted.group
         for side in (group.in_features, group.out_features):
-            matrix = group.experts * rank * side
+            matrix = group.experts * adapted.rank * side
             out += group.copies * matrix if matrix < threshold else 0
     return out
 

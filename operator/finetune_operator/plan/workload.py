@@ -1,15 +1,15 @@
 """Everything about a job that memory depends on, gathered once from its spec.
 
 A `Workload` is the planner's view of a FineTuneJob: the architecture and parameter
-counts, the method, precision, sequence length, batch, the GPU layout and the DeepSpeed
-bucket sizes the rendered config will use. The estimators take a workload and a
-strategy and never look at the spec again.
+counts, the method and the weight groups its LoRA adapts (with their ranks), precision,
+sequence length, batch, the GPU layout and the DeepSpeed bucket sizes the rendered config
+will use. The estimators take a workload and a strategy and never look at the spec again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import wraps
 from typing import TypeVar
 
@@ -19,7 +19,15 @@ from ..api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec, MethodType
 from .errors import InvalidModelError, PlanningError, UnsupportedSettingError
 from .model_files import not_causal
 from .model_source import ModelSource, resolve_model
-from .param_count import ArchitectureShape, ParameterCounts, architecture_shape, count_parameters, is_adapted
+from .param_count import (
+    ArchitectureShape,
+    ParameterCounts,
+    WeightGroup,
+    architecture_shape,
+    count_parameters,
+    is_adapted,
+    lora_rank,
+)
 
 GIB = 2**30
 RUNTIME_OVERHEAD_BYTES = 1 * GIB
@@ -69,6 +77,23 @@ class DeepSpeedBuffers:
 
 
 @dataclass(frozen=True)
+class AdaptedGroup:
+    """A weight group the job's LoRA adapts, and the rank peft gives it there."""
+
+    group: WeightGroup
+    rank: int
+
+
+def adapted_groups(
+    shape: ArchitectureShape, method: MethodType, lora_r: int, target_modules: Sequence[str]
+) -> tuple[AdaptedGroup, ...]:
+    """The weight groups LoRA with rank `lora_r` on `target_modules` adapts: none in full fine-tuning."""
+    if method == MethodType.FULL:
+        return ()
+    return tuple(AdaptedGroup(g, lora_rank(g, lora_r)) for g in shape.groups if is_adapted(g, target_modules))
+
+
+@dataclass(frozen=True)
 class Workload:
     """A job as the estimators see it."""
 
@@ -91,6 +116,18 @@ class Workload:
     host_memory_bytes: int | None = None
     on_cpu: bool = False
     packing: bool = False
+    adapted: tuple[AdaptedGroup, ...] = field(init=False, repr=False, compare=False)
+    """The weight groups LoRA adapts, with their ranks (none in full fine-tuning): resolved from the
+    method, rank and targets once per workload, `replace()` and `with_method` included."""
+
+    def __post_init__(self) -> None:
+        adapted = adapted_groups(self.shape, self.method, self.lora_r, self.target_modules)
+        object.__setattr__(self, "adapted", adapted)
+
+    @property
+    def adapts_experts(self) -> bool:
+        """Whether LoRA adapts fused expert weights (peft wraps them as parameters and materialises `W + B·A`)."""
+        return any(a.group.kind == "experts" for a in self.adapted)
 
     @property
     def device(self) -> str:
