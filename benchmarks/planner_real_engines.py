@@ -148,7 +148,9 @@ def _rank_main(rank: int, port: int, config_dir: str, method: str, strategy: tup
     hf_config = build_config(model_config_from(config_dir))
     with deepspeed.zero.Init(enabled=strategy[0] == 3, config_dict_or_path=ds_config):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
-    if method == "lora":
+    from finetune_operator.api.spec import MethodType
+
+    if method == MethodType.LORA:
         import peft
 
         model = peft.get_peft_model(model, peft.LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))

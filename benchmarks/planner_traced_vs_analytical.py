@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.models:
         parser.error("--models: name at least one catalogue model")
 
-    from finetune_operator.api.spec import FineTuneJobSpec
+    from finetune_operator.api.spec import FineTuneJobSpec, MethodType
     from finetune_operator.plan.activations import activation_bytes
     from finetune_operator.plan.model_source import catalogue_entry
     from finetune_operator.plan.traced import trace_training_step
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = 0.0
     for model in args.models:
         config, layers = cut_to_layers(catalogue_entry(model).config, args.layers)
-        for method in ("lora", "full"):
+        for method in (MethodType.LORA, MethodType.FULL):
             spec = FineTuneJobSpec.from_wire(
                 {
                     "model": {"uri": "org/model", "architecture": model},
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                     config,
                     1,
                     args.seq,
-                    lora_r=None if method == "full" else 16,
+                    lora_r=None if method == MethodType.FULL else 16,
                     lora_dropout=w.lora_dropout,
                     gradient_checkpointing=ckpt,
                 )

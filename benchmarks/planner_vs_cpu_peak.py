@@ -41,6 +41,8 @@ def free_port() -> int:
 
 
 def manifest(args: argparse.Namespace, method: str, packing: bool, out: Path) -> dict[str, Any]:
+    from finetune_operator.api.spec import MethodType
+
     return {
         "apiVersion": "finetune.dev/v1alpha1",
         "kind": "FineTuneJob",
@@ -56,7 +58,7 @@ def manifest(args: argparse.Namespace, method: str, packing: bool, out: Path) ->
             },
             "method": {
                 "type": method,
-                **({} if method == "full" else {"lora": {"r": 16, "alpha": 32, "dropout": 0.0}}),
+                **({} if method == MethodType.FULL else {"lora": {"r": 16, "alpha": 32, "dropout": 0.0}}),
             },
             "training": {
                 "maxSteps": args.steps,

@@ -91,13 +91,15 @@ def model_config(shape: str) -> dict[str, Any]:
 
 
 def spec_for(config_dir: str, case: dict[str, Any]) -> Any:
-    from finetune_operator.api.spec import FineTuneJobSpec
+    from finetune_operator.api.spec import FineTuneJobSpec, MethodType
 
     return FineTuneJobSpec.from_wire(
         {
             "model": {"uri": config_dir},
             "dataset": {"uri": "builtin://reverse-words", "maxSeqLength": case["seq"]},
-            "method": {"type": "full"} if case["method"] == "full" else {"type": case["method"], "lora": _lora(case)},
+            "method": (
+                {"type": "full"} if case["method"] == MethodType.FULL else {"type": case["method"], "lora": _lora(case)}
+            ),
             "training": {
                 "microBatchSize": case["micro"],
                 "globalBatchSize": case["micro"],
@@ -125,6 +127,7 @@ def run_case(case: dict[str, Any], workdir: Path, on_gpu: bool = True) -> tuple[
     import torch
     from transformers import AutoModelForCausalLM
 
+    from finetune_operator.api.spec import MethodType
     from finetune_operator.plan import plan_job
     from finetune_operator.plan.meta_count import build_config
     from finetune_operator.render.deepspeed_config import deepspeed_config
@@ -155,7 +158,7 @@ def run_case(case: dict[str, Any], workdir: Path, on_gpu: bool = True) -> tuple[
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
     if case["ckpt"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if case["method"] != "full":
+    if case["method"] != MethodType.FULL:
         import peft
 
         lora = _lora(case)

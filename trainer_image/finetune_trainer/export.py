@@ -38,7 +38,7 @@ def _swap_in(tmp: Path, final: Path) -> Path:
     return final
 
 
-def save_trained(model: Any, tokenizer: Any, out: Path, method: str, rank: int) -> Path:
+def save_trained(model: Any, tokenizer: Any, out: Path, method: MethodType, rank: int) -> Path:
     """Adapter (lora/qlora) or full weights to `out`, collectively; returns the folder."""
     state = gathered_state_dict(model, rank, trainable_only=method != MethodType.FULL)
     if rank != 0:

@@ -440,7 +440,7 @@ class Trainer:
     ) -> TrainingSummary:
         full = self.spec.method.type == MethodType.FULL
         target = self.out / ("model" if full else "adapter")
-        export.save_trained(self.engine.module, self.tokenizer, target, str(self.spec.method.type), self.dist.rank)
+        export.save_trained(self.engine.module, self.tokenizer, target, self.spec.method.type, self.dist.rank)
         merged = None
         if self.spec.output.merged_model and not full and self.dist.rank == 0:
             merged = export.save_merged(

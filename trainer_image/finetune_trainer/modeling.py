@@ -192,7 +192,7 @@ def _lora_config(spec: FineTuneJobSpec, model: Any) -> Any:
 def lora_skipped(model: Any, spec: FineTuneJobSpec) -> list[str]:
     """What `all-linear` left frozen on this model (a MoE's experts peft does not adapt), logged once."""
     lora = spec.method.lora_or_default
-    if str(spec.method.type) == MethodType.FULL or list(lora.target_modules) != ["all-linear"]:
+    if spec.method.type == MethodType.FULL or list(lora.target_modules) != ["all-linear"]:
         return []
     from .lora_targets import not_adapted
 
@@ -202,7 +202,7 @@ def lora_skipped(model: Any, spec: FineTuneJobSpec) -> list[str]:
     return skipped
 
 
-def zero3_loading(plan: PlanStatus, method: str, ds_config: dict[str, Any] | None) -> Any:
+def zero3_loading(plan: PlanStatus, method: MethodType, ds_config: dict[str, Any] | None) -> Any:
     """transformers' DeepSpeed ZeRO-3 integration for `from_pretrained`, or None where it does not apply.
 
     While the returned HfDeepSpeedConfig is alive (transformers keeps only a weak reference),
@@ -278,7 +278,7 @@ def load_model(
         "trust_remote_code": spec.model.trust_remote_code,
         "token": os.environ.get(PodEnv.HF_TOKEN),
     }
-    method = str(spec.method.type)
+    method = MethodType(spec.method.type)
     if method == MethodType.QLORA:
         kwargs["quantization_config"] = quantization_config(spec, plan, dtype)
         kwargs["device_map"] = {"": _local_device(compute)}

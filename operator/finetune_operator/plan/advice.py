@@ -6,12 +6,18 @@ change that would not actually fit.
 
 from __future__ import annotations
 
+from ..api.spec import MethodType
 from .candidates import Candidate, Pins, evaluate_all, pick
 from .memory import frozen_weight_bytes
 from .workload import GIB, Workload
 
 MAX_GPU_MULTIPLIER = 64
 MIN_SEQUENCE = 256
+CHEAPER_METHODS = {
+    MethodType.FULL: (MethodType.LORA, MethodType.QLORA),
+    MethodType.LORA: (MethodType.QLORA,),
+}
+"""The methods that need less memory than each, cheapest last."""
 
 
 def _fits(workload: Workload, pins: Pins, budget: float) -> str | None:
@@ -25,7 +31,7 @@ def what_would_fit(
     budget = gpu_memory * margin
     out: list[str] = []
     weights = frozen_weight_bytes(workload) + workload.counts.trainable * workload.param_bytes
-    if weights > budget and workload.method == "qlora":
+    if weights > budget and workload.method == MethodType.QLORA:
         out.append(
             f"the 4-bit weights are {weights / GIB:.1f} GiB, more than the {budget / GIB:.1f} GiB usable on one GPU, "
             "and a QLoRA model loads whole on every GPU before ZeRO-3 partitions it (bitsandbytes quantises whole "
@@ -48,7 +54,7 @@ def what_would_fit(
                 f"more GPUs: {bigger.world_size} GPUs (resources.numNodes: {bigger.num_nodes}) would fit with {found}"
             )
             break
-    cheaper = {"full": ("lora", "qlora"), "lora": ("qlora",)}.get(workload.method, ())
+    cheaper = CHEAPER_METHODS.get(workload.method, ())
     for method in cheaper:
         found = _fits(workload.with_method(method), pins, budget)
         if found:

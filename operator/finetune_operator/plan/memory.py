@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..api.spec import MethodType
 from ..api.strategy import Strategy
 from .activations import activation_bytes
-from .param_count import is_adapted, lora_rank
 from .workload import HOST_BASELINE_PER_RANK, Workload, per_workload
 
 BREAKDOWN_KEYS = (
@@ -77,9 +77,9 @@ class MemoryEstimate:
 def frozen_weight_bytes(workload: Workload) -> int:
     """The frozen base in its storage format (NF4 for QLoRA's quantisable linears)."""
     counts = workload.counts
-    if workload.method == "full":
+    if workload.method == MethodType.FULL:
         return 0
-    if workload.method == "qlora":
+    if workload.method == MethodType.QLORA:
         quantized = int(counts.quantizable * workload.quantized_bytes_per_param)
         return quantized + (counts.frozen - counts.quantizable) * workload.param_bytes
     return counts.frozen * workload.param_bytes
@@ -88,15 +88,11 @@ def frozen_weight_bytes(workload: Workload) -> int:
 @per_workload
 def persistent_adapter_params(workload: Workload) -> int:
     """LoRA matrices below ZeRO-3's persistence threshold: kept whole on every rank, not sharded."""
-    if workload.method == "full":
-        return 0
     threshold, out = workload.buffers.persistence_threshold, 0
-    for group in workload.shape.groups:
-        if not is_adapted(group, workload.target_modules):
-            continue
-        rank = lora_rank(group, workload.lora_r)
+    for adapted in workload.adapted:  # none in full fine-tuning
+        group = adapted.group
         for side in (group.in_features, group.out_features):
-            matrix = group.experts * rank * side
+            matrix = group.experts * adapted.rank * side
             out += group.copies * matrix if matrix < threshold else 0
     return out
 
@@ -152,7 +148,7 @@ def load_peak_bytes(workload: Workload, strategy: Strategy) -> int:
     GPU holds the whole 4-bit model and the 16-bit weights it does not quantise (embeddings, the
     head, norms; the trainer keeps them 16-bit, `modeling.freeze_4bit_base`). Every other plan
     loads partitioned (ZeRO-3) or keeps the whole model for the step anyway: 0."""
-    if workload.method != "qlora" or strategy.zero_stage != 3:
+    if workload.method != MethodType.QLORA or strategy.zero_stage != 3:
         return 0
     return int(frozen_weight_bytes(workload) + workload.overhead_bytes)
 

@@ -1,25 +1,33 @@
 """Everything about a job that memory depends on, gathered once from its spec.
 
 A `Workload` is the planner's view of a FineTuneJob: the architecture and parameter
-counts, the method, precision, sequence length, batch, the GPU layout and the DeepSpeed
-bucket sizes the rendered config will use. The estimators take a workload and a
-strategy and never look at the spec again.
+counts, the method and the weight groups its LoRA adapts (with their ranks), precision,
+sequence length, batch, the GPU layout and the DeepSpeed bucket sizes the rendered config
+will use. The estimators take a workload and a strategy and never look at the spec again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import wraps
 from typing import TypeVar
 
 from ..api.base import quantity_bytes
 from ..api.lora_rules import UnsupportedSetting, resolve_lora_dropout
-from ..api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec
+from ..api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec, MethodType
 from .errors import InvalidModelError, PlanningError, UnsupportedSettingError
 from .model_files import not_causal
 from .model_source import ModelSource, resolve_model
-from .param_count import ArchitectureShape, ParameterCounts, architecture_shape, count_parameters, is_adapted
+from .param_count import (
+    ArchitectureShape,
+    ParameterCounts,
+    WeightGroup,
+    architecture_shape,
+    count_parameters,
+    is_adapted,
+    lora_rank,
+)
 
 GIB = 2**30
 RUNTIME_OVERHEAD_BYTES = 1 * GIB
@@ -69,13 +77,30 @@ class DeepSpeedBuffers:
 
 
 @dataclass(frozen=True)
+class AdaptedGroup:
+    """A weight group the job's LoRA adapts, and the rank peft gives it there."""
+
+    group: WeightGroup
+    rank: int
+
+
+def adapted_groups(
+    shape: ArchitectureShape, method: MethodType, lora_r: int, target_modules: Sequence[str]
+) -> tuple[AdaptedGroup, ...]:
+    """The weight groups LoRA with rank `lora_r` on `target_modules` adapts: none in full fine-tuning."""
+    if method == MethodType.FULL:
+        return ()
+    return tuple(AdaptedGroup(g, lora_rank(g, lora_r)) for g in shape.groups if is_adapted(g, target_modules))
+
+
+@dataclass(frozen=True)
 class Workload:
     """A job as the estimators see it."""
 
     source: ModelSource
     shape: ArchitectureShape
     counts: ParameterCounts
-    method: str
+    method: MethodType
     lora_r: int
     target_modules: tuple[str, ...]
     lora_dropout: float
@@ -91,6 +116,18 @@ class Workload:
     host_memory_bytes: int | None = None
     on_cpu: bool = False
     packing: bool = False
+    adapted: tuple[AdaptedGroup, ...] = field(init=False, repr=False, compare=False)
+    """The weight groups LoRA adapts, with their ranks (none in full fine-tuning): resolved from the
+    method, rank and targets once per workload, `replace()` and `with_method` included."""
+
+    def __post_init__(self) -> None:
+        adapted = adapted_groups(self.shape, self.method, self.lora_r, self.target_modules)
+        object.__setattr__(self, "adapted", adapted)
+
+    @property
+    def adapts_experts(self) -> bool:
+        """Whether LoRA adapts fused expert weights (peft wraps them as parameters and materialises `W + B·A`)."""
+        return any(a.group.kind == "experts" for a in self.adapted)
 
     @property
     def device(self) -> str:
@@ -111,11 +148,11 @@ class Workload:
     def with_seq_len(self, seq_len: int) -> Workload:
         return replace(self, seq_len=seq_len)
 
-    def with_method(self, method: str) -> Workload:
+    def with_method(self, method: MethodType) -> Workload:
         """The same job fine-tuned another way (lora, qlora or full)."""
-        lora_r = None if method == "full" else self.lora_r
+        lora_r = None if method == MethodType.FULL else self.lora_r
         counts = count_parameters(self.shape, lora_r, self.target_modules)
-        dropout = 0.0 if method == "full" else (self.lora_dropout or DEFAULT_LORA_DROPOUT)
+        dropout = 0.0 if method == MethodType.FULL else (self.lora_dropout or DEFAULT_LORA_DROPOUT)
         return replace(self, method=method, counts=counts, lora_dropout=dropout)
 
 
@@ -155,7 +192,7 @@ def adapts_fused_experts(shape: ArchitectureShape, target_modules: Sequence[str]
 
 
 def _lora_dropout(spec: FineTuneJobSpec, shape: ArchitectureShape, model: str) -> float:
-    if str(spec.method.type) == "full":
+    if spec.method.type == MethodType.FULL:
         return 0.0
     lora = spec.method.lora_or_default
     fused = adapts_fused_experts(shape, lora.target_modules)
@@ -182,9 +219,9 @@ def workload_from_spec(
         raise
     except (ValueError, TypeError, KeyError, ArithmeticError) as exc:  # a config.json of odd values
         raise InvalidModelError(f"{source.origin}: cannot read the model's architecture: {exc}") from None
-    method = str(spec.method.type)
+    method = MethodType(spec.method.type)
     lora = spec.method.lora_or_default
-    counts = count_parameters(shape, None if method == "full" else lora.r, lora.target_modules)
+    counts = count_parameters(shape, None if method == MethodType.FULL else lora.r, lora.target_modules)
     precision = str(spec.training.precision)
     on_cpu = spec.resources.gpus_per_node == 0
     # a CPU rank computes in the job's precision too; where its CPU has no fp16 it computes in bf16,
