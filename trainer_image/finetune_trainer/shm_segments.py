@@ -12,8 +12,8 @@ mapping is gone. So each rank unlinks its own name after a barrier that follows
 the launcher sweeps its job's names once its ranks have exited, for a rank killed before that.
 
 The names say nothing about which run made them: two local runs on one master port share
-them. A run that lost the port (EADDRINUSE) used to sweep the names of the live run that
-held it, in the middle of that run's setup, and one of its ranks then waited forever for a
+them. A run that lost the port (EADDRINUSE) must not sweep the names of the live run that
+holds it: in the middle of that run's setup, one of its ranks would then wait forever for a
 peer's segment (DeepSpeed's `shm_initialize` retries `shm_open` until the name exists). So
 the sweep leaves every name alone while anything still listens on the port (a live run's
 rendezvous store, which lives as long as its rank 0), and takes only segments created since
