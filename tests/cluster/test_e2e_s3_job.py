@@ -242,11 +242,17 @@ def test_an_outage_of_the_s3_server_during_a_checkpoint_upload_is_ridden_out_wit
     kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(doc))
 
     def both_stopped() -> list[int] | None:
-        pids = [pid for index in (0, 1) for pid in worker_pids(f"{JOB}-{index}", ns)]
-        return pids if len(pids) == 2 and all(map(_stopped, pids)) else None
+        """The stopped rank of each pod (its launcher, also listed by worker_pids, keeps running)."""
+        stopped = [[pid for pid in worker_pids(f"{JOB}-{index}", ns) if _stopped(pid)] for index in (0, 1)]
+        return [pids[0] for pids in stopped] if all(len(pids) == 1 for pids in stopped) else None
 
     try:
-        pids = wait_for(both_stopped, 480, f"both ranks to stop in the middle of step {SECOND}'s upload")
+        try:
+            pids = wait_for(both_stopped, 480, f"both ranks to stop in the middle of step {SECOND}'s upload")
+        except TimeoutError:
+            states = {pid: _stopped(pid) for i in (0, 1) for pid in worker_pids(f"{JOB}-{i}", ns)}
+            print("ranks (pid: stopped):", states, "\n", jobs.describe(JOB), "\noperator log:", operator.log_tail())
+            raise
         assert committed_steps(client, output) == [CHECKPOINT_EVERY]
         s3.stop()
         for pid in pids:
