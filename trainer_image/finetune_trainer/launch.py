@@ -28,7 +28,7 @@ from types import FrameType
 from typing import Any
 
 from finetune_operator.api.pod_contract import TerminationReason, TrainingSummary
-from finetune_operator.api.pod_env import PodEnv
+from finetune_operator.api.pod_env import CUDA_ALLOCATOR_DEFAULT, PodEnv
 
 from . import outcome, process_tree, s3_checkpoints, s3_inputs, shm_segments
 from .download_gate import DownloadTimeout, download_timeout, gang_ready, within_limit
@@ -96,7 +96,7 @@ def launcher_command(cfg: JobConfig, node_rank: int, master_addr: str, master_po
 def _rank_env(state_dir: Path, progress: bool) -> dict[str, str]:
     env = dict(os.environ)
     env[PodEnv.FTJOB_RUN_STATE_DIR] = str(state_dir)
-    env.setdefault(PodEnv.PYTORCH_CUDA_ALLOC_CONF, "expandable_segments:True")
+    env.setdefault(PodEnv.PYTORCH_CUDA_ALLOC_CONF, CUDA_ALLOCATOR_DEFAULT)
     if progress:
         env[PodEnv.FTJOB_PROGRESS] = "1"
     if PodEnv.DS_ACCELERATOR not in env:  # pods have it from the operator; `ftjob run` may not

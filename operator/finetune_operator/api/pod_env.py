@@ -193,3 +193,7 @@ LOCAL_OVERRIDES: frozenset[PodEnv] = frozenset({PodEnv.FTJOB_TERMINATION_LOG, Po
 
 OPERATOR_SET: frozenset[PodEnv] = frozenset(PodEnv) - LAUNCHER_SET - LOCAL_OVERRIDES
 """Every name the operator's renderers may write into a trainer container."""
+
+CUDA_ALLOCATOR_DEFAULT = "expandable_segments:True"
+"""PYTORCH_CUDA_ALLOC_CONF unless a user sets it: the pod's default, and each rank's under `ftjob run`
+(fragmentation is a classic "OOM with free memory")."""

@@ -14,7 +14,7 @@ from typing import Any
 from ..api.base import parse_quantity
 from ..api.job import FineTuneJob
 from ..api.pod_contract import TERMINATION_LOG
-from ..api.pod_env import PodEnv
+from ..api.pod_env import CUDA_ALLOCATOR_DEFAULT, PodEnv
 from . import object_storage
 from .config_files import CONFIG_DIR
 from .env_entries import field_entry, secret_entry, value_entry
@@ -43,12 +43,12 @@ from .volumes import (
 )
 
 DEFAULT_ENV: dict[PodEnv, str] = {
-    PodEnv.PYTORCH_CUDA_ALLOC_CONF: "expandable_segments:True",
+    PodEnv.PYTORCH_CUDA_ALLOC_CONF: CUDA_ALLOCATOR_DEFAULT,
     PodEnv.HOME: "/tmp",
     PodEnv.HF_HOME: "/tmp/hf",
     PodEnv.PYTHONUNBUFFERED: "1",
 }
-"""Defaults a user's env may override (fragmentation is a classic "OOM with free memory")."""
+"""Defaults a user's env may override."""
 
 
 def headless_service(job: FineTuneJob, options: RenderOptions) -> dict[str, Any]:
