@@ -126,6 +126,14 @@ def test_a_partly_written_folder_is_never_read(tmp_path: Path, dataset: Path, to
     assert data.folder.name == key and len(data.rows) > 0
 
 
+def test_a_wait_limit_that_is_not_a_number_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, dataset: Path, tok: PreTrainedTokenizerFast
+) -> None:
+    monkeypatch.setenv(prepared.TIMEOUT_ENV, "1h")
+    with pytest.raises(DataError, match=r"^FTJOB_DATA_PREPARE_TIMEOUT_S='1h': must be a number of seconds"):
+        prepare(_settings(dataset), tok, tmp_path / "cache", local_rank=1)
+
+
 def test_a_broken_line_fails_every_rank_with_its_file_and_line(tmp_path: Path, tok: PreTrainedTokenizerFast) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "i", "output": "o"}, "{not json"])
     message = rf"{path}:2: malformed alpaca record: not valid JSON"

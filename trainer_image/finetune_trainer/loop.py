@@ -13,7 +13,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.pod_contract import CheckpointState, TrainingSummary
@@ -490,9 +489,3 @@ def _brief(result: dict[str, Any]) -> str:
     if "exact_match" in result:
         parts.append(f"exact-match {result['exact_match']:.1%}")
     return ", ".join(parts)
-
-
-def write_json_atomic(path: Path, value: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
-    tmp.rename(path)

@@ -58,7 +58,8 @@ def run_rank(config_dir: str) -> int:
     mark_rank(state_dir, rank, "started")
     signal.signal(signal.SIGTERM, _raise_stopped)
     try:
-        from .loop import Trainer, write_json_atomic
+        from .atomic_json import write_json_atomic
+        from .loop import Trainer
         from .metrics import RankMetrics, metrics_enabled, new_registry, serve
         from .settings import load_config
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from .. import builtin
+from ..atomic_json import write_json_atomic
 from .batching import Row, pack, unpacked
 from .loading import DataError, DataUnavailable, load_samples, source_files
 
@@ -183,12 +184,12 @@ def prepare(
         try:
             table, val_table, meta = _build(settings, tokenizer)
         except DataError as exc:
-            _write_json_atomic(error_file, {"message": str(exc), "transient": isinstance(exc, DataUnavailable)})
+            write_json_atomic(error_file, {"message": str(exc), "transient": isinstance(exc, DataUnavailable)})
             raise
         _publish(folder, table, val_table, meta)
         log.info("tokenised %s once for this node into %s (%d training rows)", settings.uri, folder, len(table))
         return _read(folder, tokenized=True)
-    limit = timeout_s if timeout_s is not None else float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    limit = timeout_s if timeout_s is not None else _timeout_from_env()
     deadline = time.monotonic() + limit
     while not folder.is_dir():
         if error_file.is_file():
@@ -203,6 +204,15 @@ def prepare(
         time.sleep(POLL_S)
     log.info("reading %s tokenised by local rank 0 from %s", settings.uri, folder)
     return _read(folder, tokenized=False)
+
+
+def _timeout_from_env() -> float:
+    raw = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        return float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        message = f"{TIMEOUT_ENV}={raw!r}: must be a number of seconds (default {DEFAULT_TIMEOUT_S:.0f})"
+        raise DataError(message) from None
 
 
 def _build(settings: DataSettings, tokenizer: Tokenizer) -> tuple[RowTable, RowTable, dict[str, Any]]:
@@ -273,13 +283,6 @@ def _read(folder: Path, tokenized: bool) -> PreparedData:
         folder=folder,
         tokenized=tokenized,
     )
-
-
-def _write_json_atomic(path: Path, value: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.parent / f".{path.name}.{os.getpid()}.tmp"
-    staging.write_text(json.dumps(value))
-    staging.replace(path)
 
 
 # ---- the key -------------------------------------------------------------------------------
