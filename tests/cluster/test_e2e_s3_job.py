@@ -148,6 +148,13 @@ def _objects_holding(server: S3Server, secrets: tuple[str, ...]) -> list[str]:
     return found
 
 
+def _job_with_its_secret(kube: Kube, ns: str, s3: S3Server) -> tuple[Jobs, str, dict[str, Any]]:
+    """The namespace's keys Secret created; the job's helpers, its output prefix and its document."""
+    output = f"runs/{ns}/{JOB}"
+    kube.create(f"/api/v1/namespaces/{ns}/secrets", {"metadata": {"name": SECRET}, "stringData": key_env(s3)})
+    return Jobs(kube, ns), output, s3_job(ns, s3, output)
+
+
 def test_two_node_job_on_s3_without_a_claim_resumes_from_its_committed_checkpoint_and_keeps_the_keys_out(
     s3: S3Server,
     reference: subprocess.Popen[str],
@@ -159,10 +166,7 @@ def test_two_node_job_on_s3_without_a_claim_resumes_from_its_committed_checkpoin
     tmp_path: Path,
 ) -> None:
     ns, client = restricted_namespace, s3.client()
-    jobs = Jobs(kube, ns)
-    output = f"runs/{ns}/{JOB}"
-    kube.create(f"/api/v1/namespaces/{ns}/secrets", {"metadata": {"name": SECRET}, "stringData": key_env(s3)})
-    doc = s3_job(ns, s3, output)
+    jobs, output, doc = _job_with_its_secret(kube, ns, s3)
     (tmp_path / "once").mkdir()
     doc["spec"]["env"] += [
         # Both ranks, once each: at step 6 (step 4's checkpoint is committed: publish returns after
@@ -231,10 +235,7 @@ def test_an_outage_of_the_s3_server_during_a_checkpoint_upload_is_ridden_out_wit
     operator: OperatorProcess,
 ) -> None:
     ns, client = restricted_namespace, s3.client()
-    jobs = Jobs(kube, ns)
-    output = f"runs/{ns}/{JOB}"
-    kube.create(f"/api/v1/namespaces/{ns}/secrets", {"metadata": {"name": SECRET}, "stringData": key_env(s3)})
-    doc = s3_job(ns, s3, output)
+    jobs, output, doc = _job_with_its_secret(kube, ns, s3)
     doc["spec"]["objectStorage"]["retryTimeoutSeconds"] = 5 * OUTAGE_S
     # Each rank stops itself after the first file of step 8's upload, so the outage starts mid-upload.
     doc["spec"]["env"] += [{"name": "FTJOB_FAULT_STOP", "value": f"upload:{SECOND}"}]
