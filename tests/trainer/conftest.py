@@ -1,7 +1,7 @@
 """Shared fixtures of the trainer tier: a tiny local model, datasets, and a way to run ranks.
 
 Multi-rank tests start the real pod entrypoint (`ftjob train --config DIR`) as a
-subprocess, which runs the real DeepSpeed launcher and gloo ranks on this CPU. Every
+subprocess, which runs the node launcher and real DeepSpeed gloo ranks on this CPU. Every
 run gets its own free rendezvous port and its own output and termination-log paths.
 """
 

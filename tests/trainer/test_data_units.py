@@ -276,7 +276,7 @@ def test_sigkilled_rank_reads_as_killed_not_as_oom() -> None:
         assert line.startswith("RankKilled:") and exit_code == 137
         assert not outcome.is_oom_text(line)
     assert outcome.launcher_failure_line(1, 0) == (
-        "TrainingError: the DeepSpeed launcher on node 0 exited with code 1",
+        "TrainingError: the node launcher on node 0 exited with code 1",
         1,
     )
 

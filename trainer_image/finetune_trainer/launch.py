@@ -1,10 +1,10 @@
 """The pod entrypoint: idle if the job already completed, else launch this node's ranks.
 
 Every pod launches its own ranks (no SSH anywhere; the hostfile only describes the world)
-with DeepSpeed's per-node launcher, `python -m deepspeed.launcher.launch --world_info=...
---node_rank=$NODE_RANK --master_addr=$MASTER_ADDR`: the command `deepspeed --no_ssh
---hostfile DIR/hostfile` runs after reading the hostfile, built here from the same hostfile
-without that extra Python process (which would import torch and hold ~0.7 GB per pod).
+with `python -m finetune_trainer.node_launcher --world_info=... --node_rank=$NODE_RANK
+--master_addr=$MASTER_ADDR`: DeepSpeed's per-node launch contract (the environment
+`deepspeed --no_ssh --hostfile DIR/hostfile` gives each rank, and its stop-all-on-failure
+watch) without importing torch and DeepSpeed in a process that only starts the ranks.
 The entrypoint stays the container's main process so that it can turn what the ranks
 left behind into the termination message and the exit code the operator reads:
 0 with a JSON summary, 137 when a rank was SIGKILLed (the OOM killer), 1 otherwise with
@@ -41,6 +41,7 @@ from .tracking.session import TrackingSession, start_session
 log = logging.getLogger(__name__)
 
 WORKER_MODULE = "finetune_trainer.worker"
+LAUNCHER_MODULE = "finetune_trainer.node_launcher"
 DEFAULT_MASTER_PORT = 29500
 GANG_SLACK_SECONDS = 60.0
 """How much longer than its own download limit a pod waits for the others' downloads: a slower
@@ -80,13 +81,11 @@ def launcher_command(cfg: JobConfig, node_rank: int, master_addr: str, master_po
         sys.executable,
         "-u",
         "-m",
-        "deepspeed.launcher.launch",
+        LAUNCHER_MODULE,
         f"--world_info={world_info(cfg.hosts)}",
         f"--master_addr={master_addr}",
         f"--master_port={master_port}",
         f"--node_rank={node_rank}",
-        "--module",
-        f"--log_level={os.environ.get('FTJOB_LAUNCHER_LOG', 'warning')}",
         WORKER_MODULE,
         "--config",
         str(cfg.directory),

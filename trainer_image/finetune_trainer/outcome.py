@@ -175,13 +175,13 @@ def root_cause(state_dir: Path, node_rank: int) -> tuple[str, int] | None:
 
 def launcher_failure_line(returncode: int, node_rank: int) -> tuple[str, int]:
     """Root cause and exit code when no rank left a message (it was killed)."""
-    # -9: the launcher itself was killed; 247: it re-raised a rank's -9 through sys.exit; 137: via a shell.
+    # -9: the launcher itself was killed; 137: it passed on a rank's SIGKILL (247: DeepSpeed's launcher did).
     if returncode in (-9, 137, 247):
         return (
             f"{RANK_KILLED}: a training process on node {node_rank} was killed by SIGKILL (exit 137)",
             SIGKILL_EXIT_CODE,
         )
-    return f"{TRAINING_ERROR}: the DeepSpeed launcher on node {node_rank} exited with code {returncode}", 1
+    return f"{TRAINING_ERROR}: the node launcher on node {node_rank} exited with code {returncode}", 1
 
 
 def read_summary(path: Path) -> TrainingSummary:

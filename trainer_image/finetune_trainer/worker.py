@@ -1,4 +1,4 @@
-"""One training rank, as started by the DeepSpeed launcher (`python -m finetune_trainer.worker`).
+"""One training rank, as started by the node launcher (`python -m finetune_trainer.worker`).
 
 It joins the process group (gloo on CPU, nccl on GPU), serves its metrics, trains, and
 leaves its outcome in the run-state folder the entrypoint gave it (FTJOB_RUN_STATE_DIR):
@@ -146,7 +146,7 @@ def _gpu_uuid(local_rank: int) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="finetune_trainer.worker")
     parser.add_argument("--config", required=True)
-    parser.add_argument("--local_rank", type=int, default=None, help="set by the DeepSpeed launcher (unused)")
+    parser.add_argument("--local_rank", type=int, default=None, help="DeepSpeed's launcher passes it (unused)")
     args = parser.parse_args(argv)
     return run_rank(args.config)
 

@@ -2,7 +2,7 @@
 
 It plans the job, renders the same config files the operator mounts in pods, with a
 hostfile that puts every rank (numNodes x ranks per node) on localhost, then calls the
-entrypoint: the ranks are started by the DeepSpeed launcher exactly as in a pod. s3://
+entrypoint: the ranks are started by the node launcher exactly as in a pod. s3://
 URIs work as in a pod, with the connection from spec.objectStorage (or FTJOB_S3_* variables)
 and the credentials from this shell's environment (AWS_ACCESS_KEY_ID, ...).
 """

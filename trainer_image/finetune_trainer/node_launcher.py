@@ -1,0 +1,160 @@
+"""The per-node launcher: starts this node's ranks with DeepSpeed's launch contract, without torch.
+
+`python -u -m finetune_trainer.node_launcher --world_info=B64 --node_rank=N --master_addr=A
+--master_port=P MODULE ARGS...` starts one `python -u -m MODULE ARGS...` per local slot of the
+hostfile's world, with the environment `deepspeed.launcher.launch` gives its ranks (MASTER_ADDR,
+MASTER_PORT, WORLD_SIZE, CROSS_RANK, CROSS_SIZE, LOCAL_SIZE, RANK, LOCAL_RANK and
+CUDA_VISIBLE_DEVICES of the node's slots), and watches them the same way: when one rank fails,
+the others are stopped and the launcher exits with that rank's code (128 + signal for a rank
+killed by a signal); on SIGTERM or SIGINT it stops every rank and exits 1.
+
+DeepSpeed's own launcher does the same, but importing it imports torch and DeepSpeed: about
+6.5 s of CPU and ~0.7 GB of memory per pod for a process that only starts and watches others.
+This one imports the standard library and psutil, and reacts to a rank's exit at once (it
+waits on its children instead of polling them every second).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import FrameType
+
+from . import process_tree
+
+STOP_GRACE_SECONDS = 30.0
+"""How long the other ranks get to stop after one failed, before SIGKILL (DeepSpeed's 30 s)."""
+
+
+@dataclass(frozen=True)
+class NodeSlots:
+    """Where this node's ranks sit in the world: global ranks in hostfile order."""
+
+    nodes: int
+    world_size: int
+    global_ranks: tuple[int, ...]
+    device_ids: tuple[int, ...]
+
+
+def decode_world(world_info: str) -> dict[str, list[int]]:
+    """The hostfile's world as the launchers pass it: base64 of {host: [local slot, ...]}."""
+    world = json.loads(base64.urlsafe_b64decode(world_info))
+    if not isinstance(world, dict) or not world:
+        raise ValueError(f"--world_info decodes to {world!r}, not a non-empty {{host: [slot, ...]}}")
+    return {str(host): [int(s) for s in slots] for host, slots in world.items()}
+
+
+def node_slots(world: Mapping[str, Sequence[int]], node_rank: int) -> NodeSlots:
+    """Global ranks are numbered host by host in the world's order, as DeepSpeed numbers them."""
+    hosts = list(world)
+    if not 0 <= node_rank < len(hosts):
+        raise ValueError(f"--node_rank={node_rank}, but the world has {len(hosts)} nodes")
+    first = sum(len(world[h]) for h in hosts[:node_rank])
+    mine = world[hosts[node_rank]]
+    return NodeSlots(
+        nodes=len(hosts),
+        world_size=sum(len(s) for s in world.values()),
+        global_ranks=tuple(range(first, first + len(mine))),
+        device_ids=tuple(mine),
+    )
+
+
+def rank_env(
+    base: Mapping[str, str], slots: NodeSlots, node_rank: int, local_rank: int, *, master_addr: str, master_port: int
+) -> dict[str, str]:
+    """The environment of one local rank: DeepSpeed's launch contract."""
+    env = dict(base)
+    env.update(
+        {
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+            "WORLD_SIZE": str(slots.world_size),
+            "CROSS_RANK": str(node_rank),
+            "CROSS_SIZE": str(slots.nodes),
+            "LOCAL_SIZE": str(len(slots.global_ranks)),
+            "RANK": str(slots.global_ranks[local_rank]),
+            "LOCAL_RANK": str(local_rank),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in slots.device_ids),
+        }
+    )
+    return env
+
+
+def exit_code(returncode: int) -> int:
+    """A rank's exit as the launcher's own: a signal N becomes 128 + N, as a shell reports it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _stop(ranks: Sequence[subprocess.Popen[bytes]], grace: float) -> None:
+    signalled = [p for proc in ranks if proc.poll() is None for p in process_tree.terminate(proc.pid)]
+    if signalled:
+        process_tree.finish(signalled, grace)
+    for proc in ranks:
+        proc.poll()  # reap
+
+
+def supervise(ranks: list[subprocess.Popen[bytes]], grace: float = STOP_GRACE_SECONDS) -> int:
+    """Wait for the ranks; the first failure stops the rest and is the result."""
+    by_pid = {proc.pid: proc for proc in ranks}
+    running = set(by_pid)
+    while running:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:  # already reaped (a signal handler's poll)
+            break
+        if pid not in running:
+            continue
+        running.discard(pid)
+        code = os.waitstatus_to_exitcode(status)
+        by_pid[pid].returncode = code
+        if code != 0:
+            print(f"node launcher: rank process {pid} exited with {code}; stopping the others", file=sys.stderr)
+            _stop(ranks, grace)
+            return exit_code(code)
+    failed = [p.returncode for p in ranks if p.returncode]
+    return exit_code(failed[0]) if failed else 0
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m finetune_trainer.node_launcher", description=__doc__)
+    parser.add_argument("--world_info", required=True, help="base64 of the JSON {host: [local slot, ...]}")
+    parser.add_argument("--node_rank", type=int, required=True)
+    parser.add_argument("--master_addr", required=True)
+    parser.add_argument("--master_port", type=int, required=True)
+    parser.add_argument("module", help="the rank's module, run as python -u -m MODULE")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        slots = node_slots(decode_world(args.world_info), args.node_rank)
+    except ValueError as exc:
+        print(f"node launcher: {exc}", file=sys.stderr, flush=True)
+        return 2
+    ranks: list[subprocess.Popen[bytes]] = []
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        _stop(ranks, process_tree.grace_seconds())
+        sys.exit(1)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _on_signal)
+    for local_rank in range(len(slots.global_ranks)):
+        env = rank_env(
+            os.environ, slots, args.node_rank, local_rank, master_addr=args.master_addr, master_port=args.master_port
+        )
+        ranks.append(subprocess.Popen([sys.executable, "-u", "-m", args.module, *args.args], env=env))
+    return supervise(ranks)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
