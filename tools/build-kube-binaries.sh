@@ -12,7 +12,7 @@
 #          and demo, built on the first run of a test that needs it
 #
 # Why: this machine kind has no Docker, kind or download site, only the Go module proxy.
-# The binaries are built once (about 12 minutes cold on 2 cores, Kueue another ~5) and reused;
+# The binaries are built once (about 19 minutes cold on 2 cores beside the pip install, Kueue another ~5) and reused;
 # a warm run is a no-op. It prints one line per step with the elapsed time and an estimate of
 # what is left; the go command's own output goes to a log file under the cache, named on failure.
 # Layout (FTJOB_CACHE_DIR defaults to ~/.cache/finetune-operator):
@@ -101,20 +101,22 @@ if ! flock -n 9; then
 fi
 if all_cached; then log "cache is warm: $CACHE_DIR (built by the other run)"; exit 0; fi
 
-# The steps still to do, each with its typical cold time on 2 cores (seconds, measured here),
-# from which the progress lines estimate what is left.
+# The steps still to do, each with its typical cold time on 2 cores (seconds, measured on a
+# fresh machine while the bootstrap's pip install and demo preparation ran beside it), from which
+# the progress lines estimate what is left. The scheduler and kubectl are quick: they reuse the
+# packages the apiserver's build compiled.
 steps=(); estimates=()
 plan() { steps+=("$1"); estimates+=("$2"); }
 if ((want_core)); then
-  have_etcd || plan etcd 75
-  have_kwok || plan kwok 70
-  have_helm || plan helm 95
+  have_etcd || plan etcd 125
+  have_kwok || plan kwok 205
+  have_helm || plan helm 190
   if ! have_kube; then
-    plan "kubernetes modules" 60
-    plan kube-apiserver 330
-    plan kube-controller-manager 200
-    plan kube-scheduler 90
-    plan kubectl 110
+    plan "kubernetes modules" 70
+    plan kube-apiserver 405
+    plan kube-controller-manager 90
+    plan kube-scheduler 10
+    plan kubectl 35
   fi
 fi
 ((want_kueue)) && ! have_kueue && plan kueue 300
@@ -134,14 +136,20 @@ step_no=0; done_estimate=0
 mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 
 # step NAME CMD...: run CMD with its output in $LOG_DIR/NAME.log, one line before and after,
-# with the elapsed time and an estimate of what is left (the remaining steps' typical times,
-# scaled by how this machine has done so far).
+# with the elapsed time and an estimate of what is left (the remaining steps' typical times).
 step() {
   local name="$1"; shift
   local logfile="$LOG_DIR/${name// /-}.log" t0=$SECONDS elapsed left=0 i
   for ((i = step_no; i < ${#steps[@]}; i++)); do left=$((left + estimates[i])); done
   elapsed=$((SECONDS - TOTAL_START))
-  if ((done_estimate > 0 && elapsed > 0)); then left=$((left * elapsed / done_estimate)); fi
+  # scaled by this machine's pace so far, within half to twice the typical times (one slow
+  # download early on must not make the estimate for the whole build jump)
+  if ((done_estimate > 0 && elapsed > 0)); then
+    local pct=$((100 * elapsed / done_estimate))
+    ((pct < 50)) && pct=50
+    ((pct > 200)) && pct=200
+    left=$((left * pct / 100))
+  fi
   step_no=$((step_no + 1))
   log "[$step_no/${#steps[@]}] $name ... (elapsed $(mmss "$elapsed"), about $(mmss "$left") left)"
   if ! "$@" >"$logfile" 2>&1; then
