@@ -13,6 +13,8 @@ import psutil
 import pytest
 import yaml
 
+from finetune_trainer.node_launcher import PRELOAD_ENV
+
 from .conftest import REPO, free_port, job_manifest, wait_for
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
@@ -30,9 +32,11 @@ def _alive(pids: set[int]) -> set[int]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("preload", ["forked", "none"], ids=["forked-ranks", "fresh-ranks"])
 def test_sigterm_to_ftjob_run_stops_the_launcher_and_every_rank(
-    tmp_path: Path, tiny_model_dir: Path, reverse_jsonl: Path
+    tmp_path: Path, tiny_model_dir: Path, reverse_jsonl: Path, preload: str
 ) -> None:
+    """With ranks forked from the launcher (a CPU node's default) and started afresh (a GPU node's way)."""
     signum = signal.SIGTERM
     out = tmp_path / "out"
     manifest = job_manifest(
@@ -42,6 +46,9 @@ def test_sigterm_to_ftjob_run_stops_the_launcher_and_every_rank(
     job_file.write_text(yaml.safe_dump(manifest))
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "FTJOB_METRICS_PORT": "off"}
     env.update({"PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false", "FTJOB_STOP_GRACE_SECONDS": "20"})
+    env.pop(PRELOAD_ENV, None)
+    if preload == "none":
+        env[PRELOAD_ENV] = "none"
     cmd = [sys.executable, "-m", "finetune_operator.cli.main", "run", str(job_file), "--no-progress"]
     cmd += ["--master-port", str(free_port())]
     log = tmp_path / "run.log"

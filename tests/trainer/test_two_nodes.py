@@ -1,4 +1,8 @@
-"""Two "nodes": two entrypoints (node ranks 0 and 1, --no_ssh) on two 127.x addresses, one hostfile."""
+"""Two "nodes": two entrypoints (node ranks 0 and 1, --no_ssh) on two 127.x addresses, one hostfile.
+
+Node 0's launcher forks its rank (a CPU node's default); node 1's starts it as a fresh
+interpreter (a GPU node's way): the two ways of starting a rank train together.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from finetune_trainer.node_launcher import CPU_PRELOAD, PRELOAD_ENV
 
 from .conftest import Run, free_port, job_manifest, render_config, wait_for
 
@@ -39,6 +45,7 @@ def test_two_launchers_train_together(
                 "MASTER_ADDR": "127.0.0.1",
                 "FTJOB_POD_IP": f"127.0.0.{rank + 1}",
                 "FTJOB_METRICS_PORT": str(metrics[rank]),
+                PRELOAD_ENV: "none" if rank == 1 else ",".join(CPU_PRELOAD),
             },
         )
         for rank in (0, 1)

@@ -1,5 +1,6 @@
 """The node launcher: DeepSpeed's launch contract (rank numbering and environment), and its watch
-over real child processes (a failed rank stops the others; SIGTERM stops them all)."""
+over real child processes (a failed rank stops the others; SIGTERM stops them all), with ranks
+started as fresh interpreters (a GPU node) and forked from the launcher (a CPU node)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,16 @@ import psutil
 import pytest
 
 from finetune_trainer.launch import world_info
-from finetune_trainer.node_launcher import decode_world, exit_code, node_slots, rank_env, supervise
+from finetune_trainer.node_launcher import (
+    CPU_PRELOAD,
+    PRELOAD_ENV,
+    decode_world,
+    exit_code,
+    node_slots,
+    preload_modules,
+    rank_env,
+    supervise,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,6 +73,21 @@ def test_a_signal_becomes_128_plus_its_number() -> None:
     assert (exit_code(0), exit_code(3), exit_code(-9), exit_code(-15)) == (0, 3, 137, 143)
 
 
+@pytest.mark.parametrize(
+    ("environ", "modules"),
+    [
+        ({"DS_ACCELERATOR": "cpu"}, list(CPU_PRELOAD)),
+        ({"DS_ACCELERATOR": "cpu", PRELOAD_ENV: "none"}, []),
+        ({"DS_ACCELERATOR": "cpu", PRELOAD_ENV: " json, csv ,"}, ["json", "csv"]),
+        ({}, []),
+        ({"DS_ACCELERATOR": "cuda", PRELOAD_ENV: "json"}, []),
+    ],
+    ids=["cpu-default", "cpu-none", "cpu-listed", "gpu", "gpu-listed-is-ignored"],
+)
+def test_only_a_cpu_node_forks_its_ranks_from_preloaded_modules(environ: dict[str, str], modules: list[str]) -> None:
+    assert preload_modules(environ) == modules
+
+
 def _python(code: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", code])
 
@@ -87,8 +112,44 @@ def test_ranks_that_all_succeed_give_0() -> None:
     assert supervise([_python("pass"), _python("import time; time.sleep(0.2)")]) == 0
 
 
-def test_sigterm_stops_the_launcher_and_every_rank(tmp_path: Path) -> None:
-    """Started as the entrypoint starts it: each rank records its environment, then sleeps."""
+LAUNCH_MODES = {"fresh": {PRELOAD_ENV: "none"}, "forked": {PRELOAD_ENV: "json", "DS_ACCELERATOR": "cpu"}}
+"""Ranks as fresh interpreters, and forked from a launcher that imported `json` (a light stand-in)."""
+
+
+def _launcher(tmp_path: Path, mode: str, node_rank: int, *args: str, **extra: str) -> subprocess.Popen[bytes]:
+    """The node launcher on a 3-rank world of two nodes, as the entrypoint starts it, running rank_probe."""
+    env = {**os.environ, **LAUNCH_MODES[mode], **extra}
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    cmd = [
+        sys.executable, "-m", "finetune_trainer.node_launcher", f"--world_info={world_info((('a', 1), ('b', 2)))}",
+        f"--node_rank={node_rank}", "--master_addr=127.0.0.1", "--master_port=29999", "rank_probe", *args,
+    ]  # fmt: skip
+    return subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("mode", list(LAUNCH_MODES))
+def test_a_ranks_exit_status_is_the_launchers(tmp_path: Path, mode: str) -> None:
+    """`python -m` semantics in both modes: exit codes, sys.exit("message"), an exception, a clean end."""
+    (tmp_path / "rank_probe.py").write_text(
+        "import os, sys\n"
+        "how = sys.argv[1]\n"
+        "if how == 'code': sys.exit(3)\n"
+        "if how == 'message': sys.exit('the dataset is gone')\n"
+        "if how == 'raise': raise RuntimeError('rank ' + os.environ['RANK'] + ' broke')\n"
+    )
+    results = {}
+    for how in ("code", "message", "raise", "fine"):
+        launcher = _launcher(tmp_path, mode, 1, how)
+        _, err = launcher.communicate(timeout=30)
+        results[how] = (launcher.returncode, err.decode())
+    assert {how: code for how, (code, _) in results.items()} == {"code": 3, "message": 1, "raise": 1, "fine": 0}
+    assert "the dataset is gone" in results["message"][1]
+    assert "RuntimeError: rank 1 broke" in results["raise"][1] or "RuntimeError: rank 2 broke" in results["raise"][1]
+
+
+@pytest.mark.parametrize("mode", list(LAUNCH_MODES))
+def test_sigterm_stops_the_launcher_and_every_rank(tmp_path: Path, mode: str) -> None:
+    """Each rank records its environment, then sleeps; SIGTERM to the launcher stops them all."""
     (tmp_path / "rank_probe.py").write_text(
         "import json, os, sys, time\n"
         "keys = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_PORT', 'CUDA_VISIBLE_DEVICES')\n"
@@ -96,12 +157,7 @@ def test_sigterm_stops_the_launcher_and_every_rank(tmp_path: Path) -> None:
         "json.dump({k: os.environ[k] for k in keys} | {'argv': sys.argv[1:]}, open(out, 'w'))\n"
         "time.sleep(60)\n"
     )
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [
-        sys.executable, "-m", "finetune_trainer.node_launcher", f"--world_info={world_info((('a', 1), ('b', 2)))}",
-        "--node_rank=1", "--master_addr=127.0.0.1", "--master_port=29999", "rank_probe", str(tmp_path),
-    ]  # fmt: skip
-    launcher = subprocess.Popen(cmd, env=env)
+    launcher = _launcher(tmp_path, mode, 1, str(tmp_path), RANK="stale")
     try:
         deadline = time.monotonic() + 30
         while len(list(tmp_path.glob("rank-*.json"))) < 2 and time.monotonic() < deadline:
@@ -120,3 +176,10 @@ def test_sigterm_stops_the_launcher_and_every_rank(tmp_path: Path) -> None:
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_every_name_a_rank_gets_is_one_of_the_pod_contracts_launcher_names() -> None:
+    from finetune_operator.api.pod_env import LAUNCHER_SET, PodEnv
+
+    env = rank_env({}, node_slots(WORLD, 1), 1, 0, master_addr="127.0.0.1", master_port=29500)
+    assert set(env) <= {str(name) for name in LAUNCHER_SET | {PodEnv.MASTER_ADDR, PodEnv.MASTER_PORT}}

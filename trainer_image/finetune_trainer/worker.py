@@ -9,6 +9,7 @@ writes the completion marker last, once every rank has saved its share.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -50,10 +51,17 @@ def _cpu_threads(local_world: int) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
 
 
+def _name_process(rank: int) -> None:
+    """`ftjob-rank-N` in ps and top, whether the launcher forked this rank or started it afresh."""
+    with contextlib.suppress(OSError):  # no procfs: the name is only a convenience
+        Path("/proc/self/comm").write_text(f"ftjob-rank-{rank}"[:15])
+
+
 def run_rank(config_dir: str) -> int:
     rank = int(os.environ.get(PodEnv.RANK, "0"))
     local_rank = int(os.environ.get(PodEnv.LOCAL_RANK, "0"))
     state_dir = Path(os.environ.get(PodEnv.FTJOB_RUN_STATE_DIR, "/tmp/ftjob-run-state"))
+    _name_process(rank)
     _setup_logging(rank)
     mark_rank(state_dir, rank, "started")
     signal.signal(signal.SIGTERM, _raise_stopped)

@@ -28,23 +28,23 @@ class PodEnv(StrEnum):
     MASTER_PORT = "MASTER_PORT"
     """The rendezvous port on rank 0's pod."""
     RANK = "RANK"
-    """The global rank of a worker process (set by the DeepSpeed launcher)."""
+    """The global rank of a worker process (set by the node launcher, DeepSpeed's contract)."""
     LOCAL_RANK = "LOCAL_RANK"
-    """The rank of a worker process within its pod (set by the DeepSpeed launcher)."""
+    """The rank of a worker process within its pod (set by the node launcher, DeepSpeed's contract)."""
     WORLD_SIZE = "WORLD_SIZE"
-    """The number of ranks in the job (set by the DeepSpeed launcher)."""
+    """The number of ranks in the job (set by the node launcher, DeepSpeed's contract)."""
     LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
-    """The number of ranks in one pod (set by the DeepSpeed launcher)."""
+    """The number of ranks in one pod as torchrun names it: reserved, the node launcher sets LOCAL_SIZE."""
     NODE_RANK = "NODE_RANK"
     """The pod's index in the StatefulSet (its pod-index label; empty before Kubernetes 1.28)."""
     NNODES = "NNODES"
     """The number of pods in the gang (`resources.numNodes`)."""
     CROSS_RANK = "CROSS_RANK"
-    """The node rank as the DeepSpeed launcher exports it."""
+    """The node rank as the node launcher exports it (DeepSpeed's contract)."""
     CROSS_SIZE = "CROSS_SIZE"
-    """The number of nodes as the DeepSpeed launcher exports it."""
+    """The number of nodes as the node launcher exports it (DeepSpeed's contract)."""
     LOCAL_SIZE = "LOCAL_SIZE"
-    """The number of ranks in one pod, as the DeepSpeed launcher exports it."""
+    """The number of ranks in one pod, as the node launcher exports it (DeepSpeed's contract)."""
     CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
     """The GPUs a rank sees (the device plugin and the launcher set it)."""
     DS_ACCELERATOR = "DS_ACCELERATOR"
@@ -184,7 +184,7 @@ LAUNCHER_SET: frozenset[PodEnv] = frozenset(
         PodEnv.FTJOB_PROGRESS,
     }
 )
-"""Set for each rank by the DeepSpeed launcher or `ftjob train`, never rendered by the operator.
+"""Set for each rank by the node launcher or `ftjob train`, never rendered by the operator.
 LOCAL_SIZE, FTJOB_RUN_STATE_DIR and FTJOB_PROGRESS are not reserved: the launcher overwrites a
 user's value."""
 
