@@ -1,7 +1,7 @@
 """The planner's bytes per rank vs the peak resident memory of real CPU ranks, packing on and off.
 
 Each row plans a job (2 CPU ranks, ZeRO-2, fixed micro-batch, no checkpointing) with the
-operator's planner, runs it through the pod entrypoint (`ftjob train`: the DeepSpeed launcher
+operator's planner, runs it through the pod entrypoint (`ftjob train`: the node launcher
 and two gloo ranks), and samples every rank's VmHWM (peak resident set) from /proc until it
 exits. A packed micro-batch is full rows of maxSeqLength with the block-diagonal mask the CPU
 trainer builds; unpacked rows are padded to the longest in the batch, so the plan (which sizes
@@ -84,15 +84,14 @@ def _workers(root: int) -> list[int]:
     try:
         for proc in psutil.Process(root).children(recursive=True):
             try:
-                cmd = proc.cmdline()  # a rank runs `-m finetune_trainer.worker`; the launchers name it as an argument
-                if "-m" in cmd and cmd[cmd.index("-m") + 1 :][:1] == ["finetune_trainer.worker"]:
+                if proc.name().startswith("ftjob-rank"):  # the name each rank gives itself (worker.py)
                     found.append((proc.pid, proc.ppid()))
             except psutil.Error:
                 continue
     except psutil.Error:
         pass
     ranks = {pid for pid, _ in found}
-    # a rank's own forked child (a build or a worker before its exec) shows the rank's command line
+    # a rank's own forked child (a build or a worker before its exec) has the rank's name
     return [pid for pid, parent in found if parent not in ranks]
 
 

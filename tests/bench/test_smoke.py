@@ -65,6 +65,16 @@ SMOKES = [
         marks=TRAINER,
     ),
     Smoke(
+        "rank_start.py",
+        (
+            r"^ +1 fresh +\d+\.\d +\d+\.\d$",
+            r"^ +1 forked +\d+\.\d +\d+\.\d$",
+            r"^forked / fresh: wall \d\.\d\dx, CPU \d\.\d\dx$",
+        ),
+        timeout=600,
+        marks=TRAINER,
+    ),
+    Smoke(
         "metrics_overhead.py",
         (r"^ZeRO-2 +[2-9] +\d+\.\d\d +\d+\.\d\d +\d+\.\d{3}", r"^per collective: bare \d"),
         timeout=600,
