@@ -34,12 +34,13 @@ if ((${#tiers[@]} == 0)); then
   for tier in "${ALL_TIERS[@]}"; do [[ -d tests/$tier ]] && tiers+=("$tier"); done
 fi
 
-# Two lanes run side by side: the trainer tier, which trains on the CPU the whole time, and
-# the rest (unit first, then cluster, robustness and images, which mostly wait on a control
-# plane or a build, then prometheus and bench). On 2 cores that overlaps one lane's waiting
-# with the other's training, and the two lanes end about together (measured in the README);
-# FTJOB_TEST_LANES=1 runs everything in one lane.
-declare -A LANE=([trainer]=train)
+# Three lanes run side by side, so that on 2 cores one lane's waiting overlaps another's work:
+# the training lane (trainer, then bench: real ranks on the CPU), the main lane (the static
+# checks, then cluster, which mostly waits on a control plane) and a side lane (unit, then
+# robustness, prometheus and images: a control plane, a Prometheus, a build). Each tier's own
+# clusters and servers use their own ports and pod addresses, so tiers never share one.
+# The lanes end about together (measured in the README); FTJOB_TEST_LANES=1 runs one lane.
+declare -A LANE=([trainer]=train [bench]=train [unit]=side [robustness]=side [prometheus]=side [images]=side)
 declare -A TIER_ARGS=([unit]="-n 2")
 RESULTS=$(mktemp -d)
 trap 'rm -rf "$RESULTS"' EXIT
@@ -64,36 +65,38 @@ tier_step() {  # tier_step LANE TIER
 for tier in "${tiers[@]}"; do
   [[ -d tests/$tier ]] || { echo "unknown tier '$tier' (${ALL_TIERS[*]})" >&2; exit 2; }
 done
-main_lane() {
-  step main "ruff" .venv/bin/ruff check .
-  step main "mypy --strict" .venv/bin/mypy
-  step main "import-linter" .venv/bin/lint-imports
-  step main "CRD is generated from the models" .venv/bin/python -m finetune_operator.api.crdgen --check
-  for tier in "${tiers[@]}"; do
-    [[ ${FTJOB_TEST_LANES:-2} == 1 || -z ${LANE[$tier]:-} ]] && tier_step main "$tier"
-  done
-}
-train_lane() {
-  for tier in "${tiers[@]}"; do
-    [[ -n ${LANE[$tier]:-} ]] && tier_step train "$tier"
-  done
-}
-if [[ ${FTJOB_TEST_LANES:-2} == 1 ]]; then
-  main_lane
-else
-  train_lane >"$RESULTS/train.log" 2>&1 &
-  train_pid=$!
-  main_lane
-  wait "$train_pid"
-  if [[ -s $RESULTS/train.log ]]; then
-    printf '\n\033[1m== the training lane (the trainer tier), run beside the above\033[0m\n'
-    cat "$RESULTS/train.log"
+lane_of() { if [[ ${FTJOB_TEST_LANES:-3} == 1 ]]; then echo main; else echo "${LANE[$1]:-main}"; fi; }
+run_lane() {  # run_lane LANE: its steps, in the order of ALL_TIERS
+  local lane=$1 tier
+  if [[ $lane == main ]]; then
+    step main "ruff" .venv/bin/ruff check .
+    step main "mypy --strict" .venv/bin/mypy
+    step main "import-linter" .venv/bin/lint-imports
+    step main "CRD is generated from the models" .venv/bin/python -m finetune_operator.api.crdgen --check
   fi
-fi
+  for tier in "${tiers[@]}"; do
+    if [[ $(lane_of "$tier") == "$lane" ]]; then tier_step "$lane" "$tier"; fi
+  done
+}
+LANES=(main)
+[[ ${FTJOB_TEST_LANES:-3} == 1 ]] || LANES+=(train side)
+lane_pids=()
+for lane in "${LANES[@]:1}"; do
+  run_lane "$lane" >"$RESULTS/$lane.log" 2>&1 &
+  lane_pids+=($!)
+done
+run_lane main
+for pid in "${lane_pids[@]}"; do wait "$pid"; done
+for lane in "${LANES[@]:1}"; do
+  if [[ -s $RESULTS/$lane.log ]]; then
+    printf '\n\033[1m== the %s lane, run beside the above\033[0m\n' "$lane"
+    cat "$RESULTS/$lane.log"
+  fi
+done
 
 printf '\n\033[1m== time per step\033[0m\n'
 failed=0
-for lane in main train; do
+for lane in "${LANES[@]}"; do
   [[ -f $RESULTS/$lane ]] || continue
   while IFS='|' read -r name secs result; do
     printf '  %-6s %-40s %4dm%02ds  %s\n' "$lane" "$name" $((secs / 60)) $((secs % 60)) "$result"
