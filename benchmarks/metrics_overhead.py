@@ -85,7 +85,8 @@ def manifest(stage: int, steps: int, tracking_uri: str | None = None) -> dict[st
 
 
 def run_once(stage: int, steps: int, mode: str, workdir: Path, tracking_uri: str | None = None) -> float:
-    from tests.trainer.conftest import free_port, render_config, start_train
+    from finetune_localcluster.ports import free_port
+    from tests.trainer.conftest import render_config, start_train
 
     uri = None if tracking_uri is None else (tracking_uri if mode == "tracking" else "")
     config = render_config(workdir / "config", manifest(stage, steps, uri))
@@ -106,7 +107,8 @@ def run_once(stage: int, steps: int, mode: str, workdir: Path, tracking_uri: str
 
 def paired(stage: int, steps: int, workdir: Path) -> tuple[list[float], float, float]:
     """(block on/off ratios, median on iteration s, median off iteration s) of one run."""
-    from tests.trainer.conftest import free_port, render_config, start_train
+    from finetune_localcluster.ports import free_port
+    from tests.trainer.conftest import render_config, start_train
 
     config = render_config(workdir / "config", manifest(stage, steps))
     env = {"FTJOB_METRICS": "on", "FTJOB_METRICS_ALTERNATE": "1", "FTJOB_METRICS_PORT": str(free_port())}
@@ -138,8 +140,8 @@ def micro(calls: int = 3000, rounds: int = 300) -> None:
     import torch
     from prometheus_client import generate_latest
 
+    from finetune_localcluster.ports import free_port
     from finetune_trainer.metrics import RankMetrics, new_registry
-    from tests.trainer.conftest import free_port
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     deepspeed.init_distributed("gloo")

@@ -33,7 +33,8 @@ import pytest
 import yaml
 
 from finetune_localcluster import Kube, LocalCluster, wait_for
-from finetune_localcluster.devtools import OperatorProcess, free_port, kubectl
+from finetune_localcluster.devtools import OperatorProcess, kubectl
+from finetune_localcluster.ports import free_port
 from finetune_localcluster.s3server import S3Server
 from tests.cluster.operator_harness import Jobs
 from tests.cluster.process_jobs import assert_same_adapter, tiny_job, worker_pids

@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.trainer.conftest import REPO, free_port, wait_for
+from finetune_localcluster.ports import free_port
+from tests.trainer.conftest import REPO, wait_for
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.gpu_acceptance import CASES, COLUMNS, Budget
-
-from .conftest import free_port
+from finetune_localcluster.ports import free_port
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]

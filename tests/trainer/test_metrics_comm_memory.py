@@ -13,10 +13,9 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import generate_latest
 
+from finetune_localcluster.ports import free_port
 from finetune_trainer.metrics import RankMetrics, new_registry
 from finetune_trainer.metrics.comm import OPS, bus_factor
-
-from .conftest import free_port
 
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(60)]
 

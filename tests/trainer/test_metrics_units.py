@@ -6,10 +6,9 @@ import urllib.request
 
 import pytest
 
+from finetune_localcluster.ports import free_port
 from finetune_operator.reconcile.progress import parse
 from finetune_trainer.metrics import ProgressMetrics, new_registry, serve
-
-from .conftest import free_port
 
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(30)]
 

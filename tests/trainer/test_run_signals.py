@@ -13,9 +13,10 @@ import psutil
 import pytest
 import yaml
 
+from finetune_localcluster.ports import free_port
 from finetune_trainer.node_launcher import PRELOAD_ENV
 
-from .conftest import REPO, free_port, job_manifest, wait_for
+from .conftest import REPO, job_manifest, wait_for
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from finetune_localcluster.ports import free_port
 from finetune_localcluster.s3server import S3Server
 from tests.support.s3 import (
     BUCKET,
@@ -23,7 +24,7 @@ from tests.support.s3 import (
     upload_folder,
 )
 
-from .conftest import Run, free_port, job_manifest, render_config
+from .conftest import Run, job_manifest, render_config
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from finetune_localcluster.ports import free_port
 from finetune_trainer.shm_segments import SHM_DIR, job_prefix, port_in_use, release_own, sweep
 
-from .conftest import Run, free_port, job_manifest, render_config, wait_for
+from .conftest import Run, job_manifest, render_config, wait_for
 
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(300)]
 

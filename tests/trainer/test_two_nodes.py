@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from finetune_localcluster.ports import free_port
 from finetune_trainer.node_launcher import CPU_PRELOAD, PRELOAD_ENV
 
-from .conftest import Run, free_port, job_manifest, render_config, wait_for
+from .conftest import Run, job_manifest, render_config, wait_for
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 

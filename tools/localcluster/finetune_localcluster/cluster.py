@@ -35,7 +35,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +53,7 @@ from finetune_localcluster import kueue
 from finetune_localcluster.binaries import Binaries, ensure_binaries
 from finetune_localcluster.kube import Kube, Obj
 from finetune_localcluster.pki import Pki, make_pki
+from finetune_localcluster.ports import free_port
 
 SERVICE_CIDR = "127.3.0.0/24"
 SERVICE_IP = "127.3.0.1"
@@ -84,13 +84,6 @@ RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
 
 class ClusterError(RuntimeError):
     """The local cluster could not be started (the message includes the component's log)."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def with_parent_death_signal(argv: list[str], sig: str = "KILL") -> list[str]:

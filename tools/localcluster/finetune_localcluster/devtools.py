@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,15 +20,9 @@ import yaml
 from finetune_localcluster.binaries import cached_binaries
 from finetune_localcluster.cluster import LocalCluster
 from finetune_localcluster.kube import Kube, wait_for
+from finetune_localcluster.ports import free_port
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def install_crd(kube: Kube) -> None:

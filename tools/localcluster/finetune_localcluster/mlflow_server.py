@@ -29,7 +29,8 @@ from types import TracebackType
 from typing import Self
 
 from finetune_localcluster.binaries import cache_dir
-from finetune_localcluster.cluster import free_port, with_parent_death_signal
+from finetune_localcluster.cluster import with_parent_death_signal
+from finetune_localcluster.ports import free_port
 
 MLFLOW_VERSION = "3.17.2"
 """The server's version: the same release as the client (`mlflow-skinny`) the trainer uses."""

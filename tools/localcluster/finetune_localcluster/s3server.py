@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -25,15 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from finetune_localcluster.binaries import ensure_binaries
+from finetune_localcluster.ports import free_port
 
 READY_TIMEOUT_S = 90.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -93,7 +86,7 @@ class S3Server:
         (self.workdir / "s3.json").write_text(json.dumps({"identities": [identity]}))
         if not self.ports:
             names = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
-            self.ports = {name: _free_port() for name in names}
+            self.ports = {name: free_port() for name in names}
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             self._argv(weed), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
