@@ -35,12 +35,13 @@ if ((${#tiers[@]} == 0)); then
 fi
 
 # Three lanes run side by side, so that on 2 cores one lane's waiting overlaps another's work:
-# the training lane (trainer, then bench: real ranks on the CPU), the main lane (the static
-# checks, then cluster, which mostly waits on a control plane) and a side lane (unit, then
-# robustness, prometheus and images: a control plane, a Prometheus, a build). Each tier's own
-# clusters and servers use their own ports and pod addresses, so tiers never share one.
-# The lanes end about together (measured in the README); FTJOB_TEST_LANES=1 runs one lane.
-declare -A LANE=([trainer]=train [bench]=train [unit]=side [robustness]=side [prometheus]=side [images]=side)
+# the training lane (the trainer tier: real ranks on the CPU throughout), the main lane (the
+# static checks, then cluster, which mostly waits on a control plane) and a side lane (unit,
+# then robustness, prometheus, images and bench). Each tier's clusters and servers take their
+# own ports and pod addresses, so tiers never share one. The lanes end about together (measured
+# in the README: with bench in the training lane, that lane ended 7 min after the others);
+# FTJOB_TEST_LANES=1 runs one lane.
+declare -A LANE=([trainer]=train [unit]=side [robustness]=side [prometheus]=side [images]=side [bench]=side)
 declare -A TIER_ARGS=([unit]="-n 2")
 RESULTS=$(mktemp -d)
 trap 'rm -rf "$RESULTS"' EXIT
