@@ -39,7 +39,7 @@ run() {
 #    background; the build script prints its own numbered steps.
 kube_pid=""
 if [ "${FTJOB_SKIP_KUBE:-0}" != 1 ]; then
-  log "[1/3] Kubernetes binaries: building in the background (a fresh machine needs about 19 minutes)"
+  log "[1/3] Kubernetes binaries: building in the background (a fresh machine needs 8 to 19 minutes)"
   bash tools/build-kube-binaries.sh core &
   kube_pid=$!
   trap '[[ -n $kube_pid ]] && kill "$kube_pid" 2>/dev/null; true' EXIT

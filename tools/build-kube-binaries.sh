@@ -12,7 +12,7 @@
 #          and demo, built on the first run of a test that needs it
 #
 # Why: this machine kind has no Docker, kind or download site, only the Go module proxy.
-# The binaries are built once (about 19 minutes cold on 2 cores beside the pip install, Kueue another ~5) and reused;
+# The binaries are built once (8 to 19 minutes cold on 2 cores beside the pip install, Kueue another ~5) and reused;
 # a warm run is a no-op. It prints one line per step with the elapsed time and an estimate of
 # what is left; the go command's own output goes to a log file under the cache, named on failure.
 # Layout (FTJOB_CACHE_DIR defaults to ~/.cache/finetune-operator):
