@@ -38,8 +38,8 @@ fi
 # default (FTJOB_TEST_LANES=2): the training lane (the trainer tier: real ranks on the CPU
 # throughout) beside the main lane (the static checks, unit, cluster, robustness, prometheus,
 # images, bench: mostly waiting on a control plane, a server or a build). FTJOB_TEST_LANES=3
-# moves unit, robustness, prometheus, images and bench to a third lane beside cluster: 28 min
-# instead of ~37, but the load reached 10 and the operator-chaos test timed out once in two runs
+# moves unit, robustness, prometheus, images and bench to a third lane beside cluster: ~29 min
+# instead of 36, but the load reached 10 and the operator-chaos test timed out once in two runs
 # (see the README); FTJOB_TEST_LANES=1 runs one lane.
 declare -A LANE=([trainer]=train [unit]=side [robustness]=side [prometheus]=side [images]=side [bench]=side)
 declare -A TIER_ARGS=([unit]="-n 2")
