@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,15 +28,11 @@ from typing import Any
 
 import yaml
 
+from finetune_localcluster.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 MODES = {"fresh": "none", "forked": None}
 """FTJOB_LAUNCHER_PRELOAD for each way of starting the ranks (None: unset, the CPU default)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def job(steps: int, out: Path) -> dict[str, Any]:
