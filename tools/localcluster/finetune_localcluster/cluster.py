@@ -27,6 +27,11 @@ Design notes:
   static pod (unless `detach=True`: then nothing outlives the call to watch it). This is not
   a nicety: kube-scheduler exits on purpose when it finds its cache corrupted, which a binding
   left unconfirmed by an apiserver outage can cause; without a restart no pod is scheduled again.
+- The controller-manager waits `NODE_MONITOR_GRACE` (not Kubernetes' 40 s) for a node's
+  heartbeat before it marks the node lost. kwok and the process nodes share two cores with the
+  tests, and at a load of 10 kwok's heartbeat came over 40 s late: the node lifecycle controller
+  then set every pod of the node Ready=False, which kwok never sets back (a real kubelet
+  would), and a test waited forever for a Ready pod. Nothing here tests node loss.
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ SUPERVISED = (
     "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kueue", "local-provisioner"
 )  # fmt: skip
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
+NODE_MONITOR_GRACE = "10m"
 """Waits before each further restart of one component (the kubelet's back-off, shortened)."""
 
 
@@ -345,6 +351,7 @@ class LocalCluster:
                 f"--secure-port={kcm_port}",
                 f"--cert-dir={self.workdir / 'kcm'}",
                 "--controllers=*",
+                f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
                 f"--service-account-private-key-file={pki.sa_key}",
                 f"--root-ca-file={pki.ca_cert}",
                 f"--cluster-signing-cert-file={pki.ca_cert}",
