@@ -154,7 +154,9 @@ def test_sigterm_stops_the_launcher_and_every_rank(tmp_path: Path, mode: str) ->
         "import json, os, sys, time\n"
         "keys = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_PORT', 'CUDA_VISIBLE_DEVICES')\n"
         "out = os.path.join(sys.argv[1], 'rank-' + os.environ['RANK'] + '.json')\n"
-        "json.dump({k: os.environ[k] for k in keys} | {'argv': sys.argv[1:]}, open(out, 'w'))\n"
+        "with open(out + '.tmp', 'w') as f:\n"
+        "    json.dump({k: os.environ[k] for k in keys} | {'argv': sys.argv[1:]}, f)\n"
+        "os.replace(out + '.tmp', out)  # the test polls for the file: it must never see it half written\n"
         "time.sleep(60)\n"
     )
     launcher = _launcher(tmp_path, mode, 1, str(tmp_path), RANK="stale")
