@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,15 +29,11 @@ from typing import Any
 
 import yaml
 
+from finetune_localcluster.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = {"tiny": REPO / "examples" / "tiny-cpu.yaml", "smollm2": REPO / "examples" / "smollm2-cpu.yaml"}
 BUCKET = "ftjob-bench"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _job(model: str, output: str, steps: int, every: int, storage: dict[str, Any] | None) -> dict[str, Any]:
@@ -71,7 +66,7 @@ def _run(config: Path, out: Path, env: dict[str, str], kill_at: int | None) -> i
         "FTJOB_TERMINATION_LOG": str(out.parent / "termination-log"),
         "FTJOB_METRICS_PORT": "off",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_port()),
+        "MASTER_PORT": str(free_port()),
         "NODE_RANK": "0",
         "DS_ACCELERATOR": "cpu",
         "OMP_NUM_THREADS": "1",

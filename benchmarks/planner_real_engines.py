@@ -18,11 +18,12 @@ from __future__ import annotations
 import argparse
 import os
 import queue
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from finetune_localcluster.ports import free_port
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
@@ -217,9 +218,7 @@ def measure(size: str, method: str, strategy: tuple[int, str, str], workdir: Pat
     config_dir = workdir / size
     config_dir.mkdir(parents=True, exist_ok=True)
     (config_dir / "config.json").write_text(json.dumps(model_config(size)))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     context = mp.get_context("spawn")
     handed_back = context.Queue()
     procs = [

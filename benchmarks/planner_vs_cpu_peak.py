@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,16 +27,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from finetune_localcluster.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 for sub in ("operator", "trainer_image"):
     sys.path.insert(0, str(REPO / sub))
 GIB = 2**30
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def manifest(args: argparse.Namespace, method: str, packing: bool, out: Path) -> dict[str, Any]:

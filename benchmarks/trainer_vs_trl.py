@@ -22,7 +22,6 @@ import importlib.util
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,16 +30,12 @@ from typing import Any
 
 import yaml
 
+from finetune_localcluster.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 PYTHON = sys.executable
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env() -> dict[str, str]:
@@ -103,7 +98,7 @@ def run_ours(work: Path, job: dict[str, Any]) -> dict[str, float]:
             str(out),
             "--no-progress",
             "--master-port",
-            str(_port()),
+            str(free_port()),
         ],
         check=True,
         env=_env(),
@@ -147,7 +142,7 @@ def run_trl(work: Path, model: str, data: Path, job: dict[str, Any], eval_data: 
         "--no_ssh",
         "--node_rank=0",
         "--master_addr=127.0.0.1",
-        f"--master_port={_port()}",
+        f"--master_port={free_port()}",
         "--hostfile",
         str(hostfile),
         "--log_level",

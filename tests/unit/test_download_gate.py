@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from finetune_localcluster.hub_server import HubServer
+from finetune_localcluster.ports import free_port
 from finetune_trainer.download_gate import DownloadTimeout, gang_ready, within_limit
 
 pytestmark = pytest.mark.timeout(120)
@@ -61,12 +62,6 @@ def test_a_pod_downloads_the_model_once_and_a_restarted_one_downloads_nothing(hu
     pinned = prefetch_in_a_pod(hub, tmp_path / "cache", "hf://org/tiny@v2")
     assert json.loads((pinned / "config.json").read_text())["v"] == 2
     assert hub.downloaded("org/tiny") == first + len(b'{"model_type": "qwen3", "v": 2}')  # the weights are shared
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_no_pod_starts_its_ranks_before_every_pod_has_the_model() -> None:

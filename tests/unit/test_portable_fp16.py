@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from finetune_localcluster.ports import free_port
 from finetune_trainer import portable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -41,14 +42,11 @@ OVERFLOW_STEPS = (1, 2)
 @pytest.fixture(scope="module")
 def one_rank() -> Iterator[None]:
     """A gloo process group of this process alone (DeepSpeed's wrappers ask for ranks and reduce)."""
-    import socket
 
     import deepspeed
     import deepspeed.comm as dist
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
 
+from finetune_localcluster.ports import free_port
 from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState
 from finetune_operator.api.strategy import Strategy
 from finetune_trainer import s3_inputs
@@ -349,7 +350,6 @@ def test_a_failed_upload_commits_nothing_and_leaves_the_previous_checkpoint(tmp_
 def test_mirroring_shows_its_progress_on_node_0s_metrics_port(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """While a pod mirrors its s3:// inputs, the operator's own progress reader sees the bytes
     in the cache grow against the bucket's listing, as for a hub download."""
-    import socket
     import time
     from datetime import UTC, datetime
 
@@ -357,9 +357,7 @@ def test_mirroring_shows_its_progress_on_node_0s_metrics_port(monkeypatch: pytes
     from finetune_trainer import prefetch
     from tests.factories import make_job
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     monkeypatch.setenv("FTJOB_METRICS_PORT", str(port))
     monkeypatch.setenv("FTJOB_POD_IP", "127.0.0.1")
     monkeypatch.setenv("FTJOB_S3_MIRROR", str(tmp_path / "mirror"))

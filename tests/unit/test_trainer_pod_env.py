@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from finetune_localcluster.ports import free_port
 from finetune_operator.api.pod_env import PodEnv
 from finetune_trainer import prefetch as prefetch_module
 from finetune_trainer.launch import node_rank_from_env
@@ -75,9 +76,7 @@ def test_the_download_shows_its_progress_on_rank_0s_metrics_port(
 
     from finetune_operator.reconcile.progress import Sample, scrape, to_progress
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     monkeypatch.setenv(PodEnv.FTJOB_PREFETCH_MODEL, "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("FTJOB_METRICS_PORT", str(port))
