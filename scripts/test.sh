@@ -47,15 +47,23 @@ RESULTS=$(mktemp -d)
 trap 'rm -rf "$RESULTS"' EXIT
 START=$SECONDS
 exec 3>&1
-step() {  # step LANE NAME CMD...: run, time and record one step
+cpu_so_far() {  # cpu_so_far FILE: CPU seconds (user + system) of this shell's reaped children, into FILE
+  times >"$1.times"  # a builtin, in this shell: inside $(...) it would count the subshell's children
+  awk 'function s(x) { sub(/s$/, "", x); split(x, a, "m"); return a[1] * 60 + a[2] }
+       NR == 2 { printf "%d", s($1) + s($2) }' "$1.times" >"$1"
+}
+step() {  # step LANE NAME CMD...: run, time and record one step (wall and CPU)
   local lane=$1 name=$2; shift 2
   printf '\n\033[1m== %s\033[0m\n' "$name"
   printf '[%s] %-40s started at %dm%02ds\n' "$lane" "$name" $(((SECONDS - START) / 60)) $(((SECONDS - START) % 60)) >&3
-  local t0=$SECONDS rc=0
+  local t0=$SECONDS rc=0 cpu0
+  cpu_so_far "$RESULTS/$lane.cpu"
+  cpu0=$(<"$RESULTS/$lane.cpu")
   "$@" || rc=$?
   local result=ok
   ((rc == 0)) || result="FAILED (exit $rc)"
-  printf '%s|%d|%s\n' "$name" $((SECONDS - t0)) "$result" >>"$RESULTS/$lane"
+  cpu_so_far "$RESULTS/$lane.cpu"
+  printf '%s|%d|%d|%s\n' "$name" $((SECONDS - t0)) $(($(<"$RESULTS/$lane.cpu") - cpu0)) "$result" >>"$RESULTS/$lane"
   printf '[%s] %-40s %s after %ds\n' "$lane" "$name" "$result" $((SECONDS - t0)) >&3
 }
 tier_step() {  # tier_step LANE TIER
@@ -102,15 +110,19 @@ for lane in "${LANES[@]:1}"; do
   fi
 done
 
+# Wall time, and the CPU time (user + system) of everything the step started and waited for: on
+# 2 cores the lanes share the CPU, so a run's length is about the sum of the CPU column over 2.
 printf '\n\033[1m== time per step\033[0m\n'
-failed=0
+printf '  %-6s %-40s %7s  %7s\n' lane step wall CPU
+failed=0 total_cpu=0
 for lane in "${LANES[@]}"; do
   [[ -f $RESULTS/$lane ]] || continue
-  while IFS='|' read -r name secs result; do
-    printf '  %-6s %-40s %4dm%02ds  %s\n' "$lane" "$name" $((secs / 60)) $((secs % 60)) "$result"
+  while IFS='|' read -r name secs cpu result; do
+    printf '  %-6s %-40s %4dm%02ds  %4dm%02ds  %s\n' "$lane" "$name" $((secs / 60)) $((secs % 60)) $((cpu / 60)) $((cpu % 60)) "$result"
+    total_cpu=$((total_cpu + cpu))
     [[ $result == ok ]] || failed=1
   done <"$RESULTS/$lane"
 done
 total=$((SECONDS - START))
-printf '  %-47s %4dm%02ds\n' "total (after bootstrap, lanes side by side)" $((total / 60)) $((total % 60))
+printf '  %-47s %4dm%02ds  %4dm%02ds\n' "total (after bootstrap, lanes side by side)" $((total / 60)) $((total % 60)) $((total_cpu / 60)) $((total_cpu % 60))
 exit $failed
