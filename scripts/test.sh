@@ -42,7 +42,9 @@ fi
 # finetune_localcluster/cluster.py). FTJOB_TEST_LANES=2 runs the side lane's tiers after the
 # cluster tier (~7 min longer), FTJOB_TEST_LANES=1 everything in one lane.
 declare -A LANE=([trainer]=train [unit]=side [robustness]=side [prometheus]=side [images]=side [bench]=side)
-declare -A TIER_ARGS=([unit]="-n 2")
+# The trainer tier runs in two workers, each taking whole files (a file's runs share its fixtures):
+# when the other lanes end first, it still uses both cores (alone: 11 min 55 s instead of 17 min 42 s).
+declare -A TIER_ARGS=([unit]="-n 2" [trainer]="-n 2 --dist loadfile")
 RESULTS=$(mktemp -d)
 trap 'rm -rf "$RESULTS"' EXIT
 START=$SECONDS
