@@ -1,7 +1,8 @@
 """`python -m tools.demo.prepare`: the demo's once-per-machine work, done before the cluster is up.
 
 A first demo run on a fresh machine spends minutes before its first training step: DeepSpeed's
-CPU communication op is compiled (into ~/.cache/torch_extensions, once per machine) and the
+CPU communication op is compiled (into ~/.cache/torch_extensions; again for each checkout, since
+the build file names the checkout's `.venv` paths and a changed build file rebuilds) and the
 SmolLM2 GGUF file is converted to safetensors (once per cache folder). `scripts/demo.sh` runs
 this module while the Kubernetes binaries are still building, so both overlap with that build;
 the demo then copies the converted model into its output claim, where the trainer looks for it.
@@ -13,6 +14,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from finetune_localcluster.binaries import cache_dir
@@ -51,8 +53,20 @@ def seed_output_cache(output_dir: Path) -> bool:
     return True
 
 
-def main() -> int:
-    for name, work in (("DeepSpeed CPU comm op", compile_cpu_comm_op), ("SmolLM2 conversion", convert_smollm2)):
+STEPS: dict[str, tuple[str, Callable[[], object]]] = {
+    "comm-op": ("DeepSpeed CPU comm op", compile_cpu_comm_op),
+    "smollm2": ("SmolLM2 conversion", convert_smollm2),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tools.demo.prepare [STEP ...]`: the named steps (comm-op, smollm2), or both."""
+    chosen = (sys.argv[1:] if argv is None else argv) or list(STEPS)
+    unknown = [step for step in chosen if step not in STEPS]
+    if unknown:
+        print(f"unknown step {', '.join(unknown)}: choose from {', '.join(STEPS)}", file=sys.stderr)
+        return 2
+    for name, work in (STEPS[step] for step in chosen):
         started = time.monotonic()
         work()
         print(f"[demo prepare] {name}: ready in {time.monotonic() - started:.0f}s", flush=True)
