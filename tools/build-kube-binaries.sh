@@ -12,7 +12,7 @@
 #          and demo, built on the first run of a test that needs it
 #
 # Why: this machine kind has no Docker, kind or download site, only the Go module proxy.
-# The binaries are built once (8 to 19 minutes cold on 2 cores beside the pip install, Kueue another ~5) and reused;
+# The binaries are built once (8 to 19 minutes cold on 2 cores beside the Python install, Kueue another ~5) and reused;
 # a warm run is a no-op. It prints one line per step with the elapsed time and an estimate of
 # what is left; the go command's own output goes to a log file under the cache, named on failure.
 # Layout (FTJOB_CACHE_DIR defaults to ~/.cache/finetune-operator):
@@ -102,21 +102,23 @@ fi
 if all_cached; then log "cache is warm: $CACHE_DIR (built by the other run)"; exit 0; fi
 
 # The steps still to do, each with its typical cold time on 2 cores (seconds, measured on a
-# fresh machine while the bootstrap's pip install and demo preparation ran beside it), from which
-# the progress lines estimate what is left. The scheduler and kubectl are quick: they reuse the
-# packages the apiserver's build compiled.
+# fresh machine on 2026-12-04 while the bootstrap's uv install and demo preparation ran beside
+# it: 9 min in all), from which the progress lines estimate what is left. Another fresh machine
+# (2026-12-02, pip beside it) took about twice as long; step() rescales the estimate by the pace
+# seen so far. The scheduler and kubectl are quick: they reuse the packages the apiserver's
+# build compiled.
 steps=(); estimates=()
 plan() { steps+=("$1"); estimates+=("$2"); }
 if ((want_core)); then
-  have_etcd || plan etcd 125
-  have_kwok || plan kwok 205
-  have_helm || plan helm 190
+  have_etcd || plan etcd 95
+  have_kwok || plan kwok 110
+  have_helm || plan helm 65
   if ! have_kube; then
-    plan "kubernetes modules" 70
-    plan kube-apiserver 405
-    plan kube-controller-manager 90
-    plan kube-scheduler 10
-    plan kubectl 35
+    plan "kubernetes modules" 25
+    plan kube-apiserver 180
+    plan kube-controller-manager 55
+    plan kube-scheduler 5
+    plan kubectl 20
   fi
 fi
 ((want_kueue)) && ! have_kueue && plan kueue 300
