@@ -105,6 +105,15 @@ for tier in "${tiers[@]}"; do
     break
   fi
 done
+# Kueue, the S3 server (SeaweedFS) and MLflow's server venv are built before the lanes too, when a
+# tier that starts them runs (a no-op once cached): on a cold machine a trainer test met the
+# SeaweedFS build (~15 min) inside its setup and ran past its 600 s timeout.
+for tier in "${tiers[@]}"; do
+  if [[ $tier == cluster || $tier == trainer ]]; then
+    step setup "Kueue, SeaweedFS and MLflow's server" .venv/bin/python -m finetune_localcluster prebuild
+    break
+  fi
+done
 LANES=(main train side)
 LANES=("${LANES[@]:0:LANE_COUNT}")
 # Every lane runs in a subshell of its own, the main lane too (its output shown as it comes): a

@@ -1,9 +1,11 @@
-"""`python -m finetune_localcluster up|down|env`: the local cluster for a developer's shell.
+"""`python -m finetune_localcluster up|down|env|prebuild`: the local cluster for a developer's shell.
 
 Why a CLI next to the Python API: the demo and manual debugging (`kubectl get ftj`) need a
 cluster that outlives one Python process. `up` starts the processes detached, records their
 pids in `<workdir>/cluster.json` and prints shell exports; `down` stops exactly those pids and
-removes the work dir; `env` prints the exports again.
+removes the work dir; `env` prints the exports again. `prebuild` builds what the cluster and
+trainer tiers start besides the cluster (Kueue, the S3 server, MLflow's venv) before any test
+does (see finetune_localcluster.prebuild).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 from pathlib import Path
 
 from finetune_localcluster.cluster import ClusterError, LocalCluster
+from finetune_localcluster.prebuild import prebuild
 
 DEFAULT_WORKDIR = Path(os.environ.get("FTJOB_CLUSTER_DIR", "/tmp/ftjob-localcluster"))
 
@@ -26,7 +29,7 @@ def _print_env(cluster: LocalCluster) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m finetune_localcluster", description=__doc__)
-    parser.add_argument("command", choices=["up", "down", "env"])
+    parser.add_argument("command", choices=["up", "down", "env", "prebuild"])
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     parser.add_argument("--gpu-nodes", type=int, default=2, help="kwok-simulated GPU nodes")
     parser.add_argument("--process-nodes", type=int, default=1, help="nodes that really run pods")
@@ -36,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
+    if args.command == "prebuild":
+        prebuild()
+        return 0
     state = args.workdir / "cluster.json"
     if args.command == "up":
         if state.exists():
