@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -31,12 +33,38 @@ def test_a_free_port_is_outside_the_ephemeral_range() -> None:
     assert not [p for p in (free_port() for _ in range(20)) if low <= p <= high]
 
 
-def test_a_port_someone_listens_on_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_port_someone_listens_on_is_skipped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(ports, "LEASES", tmp_path)
     with socket.socket() as held:
         held.bind(("127.0.0.1", free_port()))
         held.listen()
         busy = held.getsockname()[1]
         other = free_port()
+        for lease in tmp_path.iterdir():  # the bind test alone decides here
+            lease.unlink()
         picks = iter([busy, busy, other])
         monkeypatch.setattr(ports._RANDOM, "choice", lambda _: next(picks))
         assert ports.free_port() == other
+
+
+def test_a_port_another_process_picked_recently_is_not_handed_out_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Its server may bind it only seconds later: the bind test alone would find it free."""
+    monkeypatch.setattr(ports, "LEASES", tmp_path / "leases")
+    first, other = free_port(), free_port()
+    (tmp_path / "leases" / str(other)).unlink()  # `other`: free and never picked
+    picks = iter([first, first, other])
+    monkeypatch.setattr(ports._RANDOM, "choice", lambda _: next(picks))
+    assert free_port() == other
+    assert sorted(p.name for p in (tmp_path / "leases").iterdir()) == sorted([str(first), str(other)])
+
+
+def test_a_stale_lease_is_taken_over(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(ports, "LEASES", tmp_path)
+    port = free_port()
+    stale = time.time() - ports.LEASE_S - 1
+    os.utime(tmp_path / str(port), (stale, stale))
+    monkeypatch.setattr(ports._RANDOM, "choice", lambda _: port)
+    assert free_port() == port
+    assert (tmp_path / str(port)).stat().st_mtime > stale
