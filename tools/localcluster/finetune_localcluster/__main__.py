@@ -40,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "prebuild":
-        prebuild()
-        return 0
+        failed = prebuild()
+        if failed:
+            print(f"prebuild failed: {', '.join(failed)} (see the lines above)", file=sys.stderr)
+        return 1 if failed else 0
     state = args.workdir / "cluster.json"
     if args.command == "up":
         if state.exists():

@@ -562,16 +562,17 @@ class LocalCluster:
         deadline = time.monotonic() + self.timeout
         last = ""
         while time.monotonic() < deadline:
-            if proc is not None and proc["pid"] not in self._popens:
-                # The supervisor saw it exit and started it again (a component restarted under
-                # load can die once more): follow the new process.
-                with self._procs_lock:
-                    proc = next((p for p in self.procs if p["name"] == proc["name"]), proc)
-            popen = self._popens.get(proc["pid"]) if proc is not None else None
-            if proc is not None and popen is not None and popen.poll() is not None and not self._restarts_it(proc):
-                raise ClusterError(
-                    f"{proc['name']} exited while waiting for {what}; log tail:\n{_tail(Path(proc['log']))}"
-                )
+            if proc is not None:
+                if proc["pid"] not in self._popens:
+                    # The supervisor saw it exit and started it again (a component restarted
+                    # under load can die once more): follow the new process.
+                    with self._procs_lock:
+                        proc = next((p for p in self.procs if p["name"] == proc["name"]), proc)
+                popen = self._popens.get(proc["pid"])
+                if popen is not None and popen.poll() is not None and not self._restarts_it(proc):
+                    raise ClusterError(
+                        f"{proc['name']} exited while waiting for {what}; log tail:\n{_tail(Path(proc['log']))}"
+                    )
             try:
                 if check() is True:
                     return
