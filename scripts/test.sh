@@ -70,7 +70,7 @@ step() {  # step LANE NAME CMD...: run, time and record one step (wall and CPU)
 }
 tier_step() {  # tier_step LANE TIER
   # shellcheck disable=SC2086
-  step "$1" "pytest tests/$2" .venv/bin/pytest --durations=25 ${TIER_ARGS[$2]:-} ${FTJOB_TEST_ARGS:-} "tests/$2"
+  step "$1" "pytest tests/$2" .venv/bin/pytest --durations=25 --cpu-durations=25 ${TIER_ARGS[$2]:-} ${FTJOB_TEST_ARGS:-} "tests/$2"
 }
 
 for tier in "${tiers[@]}"; do
