@@ -154,7 +154,7 @@ def test_lora_learns_the_code_keeps_base_weights_and_general_answers(
         "/out",
         dataset={"format": "messages", "maxSeqLength": 48, "validationSplit": 0.0},
         method={"type": "lora", "lora": {"r": 16, "alpha": 32, "dropout": 0.0}},
-        training={"maxSteps": 30, "microBatchSize": 8, "globalBatchSize": 16, "learningRate": 0.002},
+        training={"maxSteps": 20, "microBatchSize": 8, "globalBatchSize": 16, "learningRate": 0.002},
         output={"uri": "/out", "mergedModel": True},
     )
     out = tmp_path / "out"
