@@ -45,14 +45,17 @@ def build_meta_model(config: dict[str, Any], dtype: torch.dtype = torch.bfloat16
 def apply_lora(
     model: PreTrainedModel, r: int, target_modules: Sequence[str], dropout: float = 0.0, alpha: int = 32
 ) -> Any:
-    """Wrap the model with peft LoRA adapters as the trainer does."""
+    """Wrap the model with peft LoRA adapters as the trainer does.
+
+    The adapters are made on the meta device too (peft's `low_cpu_mem_usage`): initialising
+    them as CPU tensors took 4 of the 5 CPU seconds of a 70B model's count."""
     import peft
 
     targets: str | list[str] = ALL_LINEAR if ALL_LINEAR in target_modules else list(target_modules)
     lora = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, task_type="CAUSAL_LM")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return peft.get_peft_model(model, lora)
+        return peft.get_peft_model(model, lora, low_cpu_mem_usage=True)
 
 
 def largest_module_params(model: torch.nn.Module) -> int:
