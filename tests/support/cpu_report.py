@@ -3,16 +3,20 @@
 CI runs its tiers side by side on 2 cores, so a run's length is about its CPU time over 2: a
 test that waits on a server for minutes costs the run little, one that trains for a minute
 costs it a minute. `--cpu-durations=N` lists the N tests with the most CPU seconds: the test
-process's own, plus every child process it started and waited for (ranks, launchers, servers;
-`getrusage(RUSAGE_CHILDREN)`), over setup, call and teardown. A session fixture's processes
-are counted in the teardown of the last test that used them. Under pytest-xdist each worker
-measures its own tests and the list is printed by the controller.
+process's own plus that of every process below it, over setup, call and teardown: the ones it
+waited for (`getrusage(RUSAGE_CHILDREN)`) and the ones still running, with what they waited for
+(/proc: utime, stime, cutime, cstime). A session fixture's servers, such as the local cluster
+and the training pods of its process node, are so counted in the tests that ran while they
+used the CPU, not all in the last one. Under pytest-xdist each worker measures its own tests
+and the controller prints the list.
 """
 
 from __future__ import annotations
 
+import os
 import resource
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -20,10 +24,40 @@ _START = pytest.StashKey[float]()
 _PROPERTY = "cpu_seconds"
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid: int) -> Iterator[int]:
+    """Every live process below `pid` (/proc/PID/task/TID/children; none where the kernel lacks it)."""
+    pending = [pid]
+    while pending:
+        for children in Path(f"/proc/{pending.pop()}/task").glob("*/children"):
+            try:
+                found = [int(child) for child in children.read_text().split()]
+            except OSError:  # the task ended meanwhile
+                continue
+            yield from found
+            pending.extend(found)
+
+
+def _tree_ticks(pid: int) -> int:
+    """utime + stime + cutime + cstime of the live processes below `pid`, in clock ticks."""
+    total = 0
+    for child in _descendants(pid):
+        try:
+            stat = Path(f"/proc/{child}/stat").read_text()
+        except OSError:  # it ended meanwhile: its parent's cutime or our RUSAGE_CHILDREN has it now
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state is fields[0]
+        total += sum(int(value) for value in fields[11:15])
+    return total
+
+
 def cpu_seconds() -> float:
-    """User plus system CPU seconds of this process and its waited-for children so far."""
+    """User plus system CPU seconds of this process and everything below it, so far."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    waited = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return waited + _tree_ticks(os.getpid()) / _TICKS
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -24,10 +24,36 @@ def test_burns_in_a_child():
     subprocess.run([sys.executable, "-c", CHILD], check=True)
 """
 
+SERVER = """
+import os, subprocess, sys, time
+from pathlib import Path
 
-def _pytest(tmp_path: Path, burn_seconds: float, *args: str) -> subprocess.CompletedProcess[str]:
-    """pytest with the plugin on a file of two tests, in `tmp_path` (outside this repo's settings)."""
-    (tmp_path / "test_burn.py").write_text(BURN.replace("{seconds}", str(burn_seconds)))
+import pytest
+
+BUSY = "import time\\nwhile time.process_time() < {seconds}: pass\\ntime.sleep(300)"
+
+@pytest.fixture(scope="session")
+def server():
+    proc = subprocess.Popen([sys.executable, "-c", BUSY])
+    yield proc
+    proc.kill()
+    proc.wait()  # its CPU moves to RUSAGE_CHILDREN here, in the last test's teardown
+
+def test_server_burns(server):
+    def cpu():
+        fields = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    while cpu() < {seconds} - 0.02:
+        time.sleep(0.05)
+
+def test_zz_idle_last():
+    pass
+"""
+
+
+def _pytest(tmp_path: Path, burn_seconds: float, *args: str, tests: str = BURN) -> subprocess.CompletedProcess[str]:
+    """pytest with the plugin on a file of tests, in `tmp_path` (outside this repo's settings)."""
+    (tmp_path / "test_burn.py").write_text(tests.replace("{seconds}", str(burn_seconds)))
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.support.cpu_report", *args, "test_burn.py"],
@@ -50,3 +76,12 @@ def test_nothing_is_listed_without_the_option(tmp_path: Path) -> None:
     done = _pytest(tmp_path, 0.01)
     assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout + done.stderr
     assert "most CPU" not in done.stdout
+
+
+def test_a_running_servers_cpu_goes_to_the_test_that_ran_meanwhile_not_the_last_one(tmp_path: Path) -> None:
+    """A session fixture's server, still running, is counted while it works (the cluster tier's case)."""
+    done = _pytest(tmp_path, 0.6, "--cpu-durations=5", tests=SERVER)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = dict((name, float(cpu)) for cpu, name in re.findall(r"^\s*([\d.]+) CPU-s  (\S+)$", done.stdout, re.M))
+    assert rows["test_burn.py::test_server_burns"] >= 0.55, done.stdout
+    assert rows["test_burn.py::test_zz_idle_last"] < 0.3, done.stdout
