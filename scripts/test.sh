@@ -34,17 +34,19 @@ if ((${#tiers[@]} == 0)); then
   for tier in "${ALL_TIERS[@]}"; do [[ -d tests/$tier ]] && tiers+=("$tier"); done
 fi
 
-# Lanes run side by side, so that on 2 cores one lane's waiting overlaps another's work. Three
-# by default (FTJOB_TEST_LANES=3): the training lane (the trainer tier: real ranks on the CPU
-# throughout), the main lane (the static checks, then the cluster tier: mostly waiting on a
-# control plane) and the side lane (unit, robustness, prometheus, images, bench). The load
-# reaches 10; the local cluster is made for that (see NODE_MONITOR_GRACE in
-# finetune_localcluster/cluster.py). FTJOB_TEST_LANES=2 runs the side lane's tiers after the
-# cluster tier (~7 min longer), FTJOB_TEST_LANES=1 everything in one lane.
-declare -A LANE=([trainer]=train [unit]=side [robustness]=side [prometheus]=side [images]=side [bench]=side)
-# The trainer tier runs in two workers, each taking whole files (a file's runs share its fixtures):
-# when the other lanes end first, it still uses both cores (alone: 11 min 55 s instead of 17 min 42 s).
-declare -A TIER_ARGS=([unit]="-n 2" [trainer]="-n 2 --dist loadfile")
+# Lanes run side by side, so that on 2 cores one lane's waiting overlaps another's work. Four
+# by default (FTJOB_TEST_LANES=4): the training lane (the trainer tier: real ranks on the CPU
+# throughout), the main lane (the static checks, then the cluster tier), the side lane (unit,
+# images, bench) and the wait lane (robustness and prometheus: 15 min of waiting on a control
+# plane, an operator and scrapes, for 5 min of CPU; behind the side lane's tiers they made that
+# lane the last to end, with the cores half idle). The load reaches 12; the local cluster is made
+# for that (see NODE_MONITOR_GRACE in finetune_localcluster/cluster.py). FTJOB_TEST_LANES=3 runs
+# the wait lane's tiers in the side lane, 2 both in the main lane, 1 everything in one lane.
+declare -A LANE=([trainer]=train [unit]=side [images]=side [bench]=side [robustness]=wait [prometheus]=wait)
+# The trainer and cluster tiers run in two workers each, taking whole files (a file's runs share
+# its fixtures; each cluster worker starts its own local cluster, on a pod CIDR of its own): when
+# the other lanes end first, they still use both cores.
+declare -A TIER_ARGS=([unit]="-n 2" [trainer]="-n 2 --dist loadfile" [cluster]="-n 2 --dist loadfile")
 RESULTS=$(mktemp -d)
 trap 'rm -rf "$RESULTS"' EXIT
 START=$SECONDS
@@ -76,12 +78,13 @@ tier_step() {  # tier_step LANE TIER
 for tier in "${tiers[@]}"; do
   [[ -d tests/$tier ]] || { echo "unknown tier '$tier' (${ALL_TIERS[*]})" >&2; exit 2; }
 done
-LANE_COUNT=${FTJOB_TEST_LANES:-3}
-[[ $LANE_COUNT == [123] ]] || { echo "FTJOB_TEST_LANES=$LANE_COUNT: use 1, 2 or 3" >&2; exit 2; }
+LANE_COUNT=${FTJOB_TEST_LANES:-4}
+[[ $LANE_COUNT == [1234] ]] || { echo "FTJOB_TEST_LANES=$LANE_COUNT: use 1, 2, 3 or 4" >&2; exit 2; }
 lane_of() {  # lane_of TIER: the lane it runs in
   local lane=${LANE[$1]:-main}
+  ((LANE_COUNT <= 3)) && [[ $lane == wait ]] && lane=side
+  ((LANE_COUNT <= 2)) && [[ $lane == side ]] && lane=main
   ((LANE_COUNT == 1)) && lane=main
-  ((LANE_COUNT == 2)) && [[ $lane == side ]] && lane=main
   echo "$lane"
 }
 run_lane() {  # run_lane LANE: its steps, in the order of ALL_TIERS
@@ -114,7 +117,7 @@ for tier in "${tiers[@]}"; do
     break
   fi
 done
-LANES=(main train side)
+LANES=(main train side wait)
 LANES=("${LANES[@]:0:LANE_COUNT}")
 # Every lane runs in a subshell of its own, the main lane too (its output shown as it comes): a
 # lane's CPU column counts its own steps only (this shell reaps the lanes whenever they end).
