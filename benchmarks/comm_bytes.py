@@ -65,7 +65,7 @@ class StageResult:
 
 
 def demo_manifest(stage: int) -> dict[str, Any]:
-    from tests.trainer.conftest import job_manifest
+    from tests.support.training_runs import job_manifest
 
     return job_manifest(
         "builtin://tiny-llama",
@@ -110,7 +110,7 @@ def step_entries(step_log: Path, step: int) -> list[dict[str, Any]]:
 
 
 def measure(stage: int, workdir: Path, timeout: float = 600) -> StageResult:
-    from tests.trainer.conftest import render_config, start_train
+    from tests.support.training_runs import render_config, start_train
 
     workdir.mkdir(parents=True, exist_ok=True)
     config = render_config(workdir / "config", demo_manifest(stage))

@@ -63,7 +63,7 @@ SKIP = 2
 
 
 def manifest(stage: int, steps: int, tracking_uri: str | None = None) -> dict[str, object]:
-    from tests.trainer.conftest import job_manifest
+    from tests.support.training_runs import job_manifest
 
     training: dict[str, object] = {"maxSteps": steps, "microBatchSize": 4, "globalBatchSize": 8, "precision": "fp32"}
     extra: dict[str, object] = {}
@@ -86,7 +86,7 @@ def manifest(stage: int, steps: int, tracking_uri: str | None = None) -> dict[st
 
 def run_once(stage: int, steps: int, mode: str, workdir: Path, tracking_uri: str | None = None) -> float:
     from finetune_localcluster.ports import free_port
-    from tests.trainer.conftest import render_config, start_train
+    from tests.support.training_runs import render_config, start_train
 
     uri = None if tracking_uri is None else (tracking_uri if mode == "tracking" else "")
     config = render_config(workdir / "config", manifest(stage, steps, uri))
@@ -108,7 +108,7 @@ def run_once(stage: int, steps: int, mode: str, workdir: Path, tracking_uri: str
 def paired(stage: int, steps: int, workdir: Path) -> tuple[list[float], float, float]:
     """(block on/off ratios, median on iteration s, median off iteration s) of one run."""
     from finetune_localcluster.ports import free_port
-    from tests.trainer.conftest import render_config, start_train
+    from tests.support.training_runs import render_config, start_train
 
     config = render_config(workdir / "config", manifest(stage, steps))
     env = {"FTJOB_METRICS": "on", "FTJOB_METRICS_ALTERNATE": "1", "FTJOB_METRICS_PORT": str(free_port())}

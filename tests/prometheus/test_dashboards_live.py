@@ -20,10 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.trainer.conftest import Run, job_manifest, render_config, start_train
-from tools.dashboards import panel_queries
-
-from .conftest import (
+from tests.support.prometheus_server import (
     PROMTOOL,
     OperatorProcess,
     PrometheusServer,
@@ -32,6 +29,8 @@ from .conftest import (
     scrape_config,
     wait_until,
 )
+from tests.support.training_runs import Run, job_manifest, render_config, start_train
+from tools.dashboards import panel_queries
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -165,7 +164,7 @@ def _render_panels(prom: PrometheusServer, tmp_path: Path) -> None:
 
 def test_shipped_rules_pass_promtool() -> None:
     """The chart ships no recording or alert rules today; any that appear must pass promtool."""
-    from tests.trainer.conftest import REPO
+    from tests.support.training_runs import REPO
 
     texts = {p: p.read_text() for p in (REPO / "charts").rglob("*.y*ml")}
     candidates = [p for p, text in texts.items() if "rules:" in text and "groups:" in text]

@@ -1,29 +1,20 @@
 """Shared fixtures of the trainer tier: a tiny local model, datasets, and a way to run ranks.
 
 Multi-rank tests start the real pod entrypoint (`ftjob train --config DIR`) as a
-subprocess, which runs the node launcher and real DeepSpeed gloo ranks on this CPU. Every
-run gets its own free rendezvous port and its own output and termination-log paths.
+subprocess (tests/support/training_runs.py), which runs the node launcher and real DeepSpeed
+gloo ranks on this CPU. Every run gets its own free rendezvous port and its own output and
+termination-log paths.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from finetune_localcluster.ports import free_port
-from finetune_trainer.shm_segments import sweep
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.training_runs import Run, start_train, write_jsonl
 
 
 @pytest.fixture(scope="session")
@@ -55,143 +46,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def write_jsonl(path: Path, rows: list[Any]) -> Path:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture
 def reverse_jsonl(tmp_path: Path) -> Path:
     from finetune_trainer.builtin import reverse_words_records
 
     rows = [{k: r[k] for k in ("instruction", "input", "output")} for r in reverse_words_records(200, seed=7)]
     return write_jsonl(tmp_path / "reverse.jsonl", rows)
-
-
-def job_manifest(model_uri: str, dataset_uri: str, output_uri: str, **spec: Any) -> dict[str, Any]:
-    """A FineTuneJob manifest with small defaults; `spec` entries replace top-level spec keys."""
-    base: dict[str, Any] = {
-        "model": {"uri": model_uri},
-        "dataset": {"uri": dataset_uri, "format": "alpaca", "maxSeqLength": 64, "validationSplit": 0.05},
-        "method": {"type": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}},
-        "training": {
-            "maxSteps": 4,
-            "microBatchSize": 2,
-            "globalBatchSize": 4,
-            "learningRate": 0.001,
-            "checkpointEverySteps": 100,
-            "precision": "fp32",
-            "warmupRatio": 0.0,
-        },
-        "resources": {"numNodes": 2, "gpusPerNode": 0},
-        "deepspeed": {"zeroStage": 2},
-        "output": {"uri": output_uri},
-    }
-    for key, value in spec.items():
-        merge = isinstance(value, dict) and key != "method"  # a method block replaces the default one
-        base[key] = {**base.get(key, {}), **value} if merge else value
-    return {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {"name": "t"}, "spec": base}
-
-
-def render_config(directory: Path, manifest: dict[str, Any], hostfile: str | None = None) -> Path:
-    """The operator's config files, under the fixed plan: the tests pin their strategy explicitly."""
-    from finetune_operator.api.job import FineTuneJob
-    from finetune_operator.plan import fixed_plan
-    from finetune_operator.render.config_files import config_files
-
-    job = FineTuneJob.from_manifest(manifest)
-    world = job.spec.resources.world_size
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, content in config_files(job, fixed_plan(job.spec), hostfile or f"localhost slots={world}\n").items():
-        (directory / name).write_text(content)
-    return directory
-
-
-@dataclass
-class Run:
-    proc: subprocess.Popen[str]
-    output: Path
-    termination_log: Path
-    log_file: Path
-    port: int
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            sweep("127.0.0.1", self.port)  # the launcher died with its ranks: nothing else frees their shm
-
-    def termination(self) -> str:
-        return self.termination_log.read_text() if self.termination_log.exists() else ""
-
-    def summary(self) -> dict[str, Any]:
-        return dict(json.loads(self.termination()))
-
-    def log(self) -> str:
-        return self.log_file.read_text() if self.log_file.exists() else ""
-
-    @property
-    def collective_dir(self) -> Path:
-        return self.output.parent / f"{self.termination_log.name}-collectives"
-
-    def collective_reports(self) -> dict[int, dict[str, Any]]:
-        """Each rank's collective-device report (finetune_trainer.collective_check), by rank."""
-        reports = [json.loads(p.read_text()) for p in sorted(self.collective_dir.glob("rank-*.json"))]
-        return {int(r["rank"]): r for r in reports}
-
-    def train_log(self) -> list[dict[str, Any]]:
-        path = self.output / "train_log.jsonl"
-        return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-
-    def losses(self) -> dict[int, float]:
-        """Loss per step; the last record of a step wins (a resumed run rewrites the steps it redoes)."""
-        return {e["step"]: e["loss"] for e in self.train_log() if "loss" in e}
-
-
-def start_train(
-    config_dir: Path, output: Path, *, env: dict[str, str] | None = None, port: int | None = None, tag: str = "run"
-) -> Run:
-    """Start `ftjob train --config DIR` in its own process group."""
-    termination = output.parent / f"{output.name}-{tag}-termination-log"
-    log_file = output.parent / f"{output.name}-{tag}.log"
-    port = port or free_port()
-    full_env = dict(os.environ)
-    full_env.update(
-        {
-            "FTJOB_OUTPUT_DIR": str(output),
-            "FTJOB_TERMINATION_LOG": str(termination),
-            "FTJOB_METRICS_PORT": "off",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "NODE_RANK": "0",
-            "DS_ACCELERATOR": "cpu",
-            "OMP_NUM_THREADS": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            "PYTHONWARNINGS": "ignore",
-            "FTJOB_DIST_TIMEOUT_MINUTES": "3",
-            # every tensor a rank hands to a collective must be on its device (NCCL has no host tensors)
-            "FTJOB_CHECK_COLLECTIVE_DEVICES": str(termination.parent / f"{termination.name}-collectives"),
-        }
-    )
-    full_env.update(env or {})
-    with log_file.open("w") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "finetune_operator.cli.main", "train", "--config", str(config_dir)],
-            env=full_env,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-            cwd=REPO,
-        )
-    return Run(proc, output, termination, log_file, port)
 
 
 @pytest.fixture
@@ -211,53 +71,3 @@ def launch(runs: list[Run]) -> Callable[..., Run]:
         return run
 
     return _launch
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
-METHODS = {
-    "lora": {"type": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}},
-    "qlora": {"type": "qlora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "qlora": {"quantType": "nf4"}},
-    "full": {"type": "full"},
-}
-"""The three methods as `spec.method` values, for tests that run each."""
-
-
-def adapter_tensors(folder: Path) -> dict[str, Any]:
-    """Every tensor of the safetensors files in `folder` (an adapter or a model folder)."""
-    from safetensors.torch import load_file
-
-    files = sorted(folder.glob("*.safetensors"))
-    assert files, f"no safetensors in {folder}"
-    out: dict[str, Any] = {}
-    for f in files:
-        out.update(load_file(f))
-    return out
-
-
-def qlora_model(model_dir: Path) -> Any:
-    """The trainer's QLoRA model of `model_dir` (bf16 compute, r=8) on CPU, its LoRA B made non-zero."""
-    import torch
-
-    from finetune_operator.api.job import FineTuneJob
-    from finetune_operator.plan import fixed_plan
-    from finetune_trainer import modeling
-
-    manifest = job_manifest(
-        str(model_dir), "/unused.jsonl", "/out", method=METHODS["qlora"], training={"precision": "bf16"}
-    )
-    spec = FineTuneJob.from_manifest(manifest).spec
-    torch.manual_seed(0)
-    model = modeling.load_model(spec, fixed_plan(spec), str(model_dir), modeling.compute_settings(spec, False))
-    with torch.no_grad():  # a LoRA B of zeros would hide what flows back through the base
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(std=0.02)
-    return model

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import METHODS, Run, adapter_tensors, job_manifest, render_config
+from tests.support.training_runs import METHODS, Run, adapter_tensors, job_manifest, render_config
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Run, job_manifest, render_config
+from tests.support.training_runs import Run, job_manifest, render_config
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 

@@ -16,8 +16,7 @@ import pytest
 from finetune_operator.api.job import FineTuneJob
 from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_trainer import modeling
-
-from .conftest import Run, job_manifest, qlora_model, render_config
+from tests.support.training_runs import Run, job_manifest, qlora_model, render_config
 
 pytestmark = [pytest.mark.trainer]
 

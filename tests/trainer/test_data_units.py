@@ -18,8 +18,7 @@ from finetune_trainer.paths import resolve_uri
 from finetune_trainer.rank_setup import HeldOut
 from finetune_trainer.schedule import lr_lambda
 from finetune_trainer.settings import ConfigError
-
-from .conftest import write_jsonl
+from tests.support.training_runs import write_jsonl
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Run, job_manifest, render_config, wait_for, write_jsonl
+from tests.support.training_runs import Run, job_manifest, render_config, wait_for, write_jsonl
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 

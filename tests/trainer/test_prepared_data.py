@@ -14,8 +14,7 @@ from finetune_trainer.data import prepared
 from finetune_trainer.data.batching import Row, pack, unpacked
 from finetune_trainer.data.loading import DataError, DataUnavailable, load_samples
 from finetune_trainer.data.prepared import DataSettings, cache_key, prepare, split_validation
-
-from .conftest import write_jsonl
+from tests.support.training_runs import write_jsonl
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

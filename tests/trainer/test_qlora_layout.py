@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import qlora_model
+from tests.support.training_runs import qlora_model
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -78,8 +78,7 @@ def test_the_packed_4bit_weights_are_stored_in_the_precision_deepspeed_casts_to(
 
     from finetune_operator.api.job import FineTuneJob
     from finetune_trainer.modeling import quantization_config
-
-    from .conftest import job_manifest
+    from tests.support.training_runs import job_manifest
 
     manifest = job_manifest("/models/m", "/data/d.jsonl", "/out",
                             method={"type": "qlora", "qlora": {"computeDtype": "float16"}},

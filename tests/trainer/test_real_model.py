@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Run, job_manifest, render_config, write_jsonl
+from tests.support.training_runs import Run, job_manifest, render_config, write_jsonl
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Run, job_manifest, render_config
+from tests.support.training_runs import Run, job_manifest, render_config
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 

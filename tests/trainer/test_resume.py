@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Run, job_manifest, render_config, start_train, wait_for
+from tests.support.training_runs import Run, job_manifest, render_config, start_train, wait_for
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -56,8 +56,7 @@ def reference(
 ) -> tuple[dict[int, float], dict[str, Any], Path]:
     """The uninterrupted run (module-scoped: both scenarios compare against it)."""
     from finetune_trainer.builtin import reverse_words_records
-
-    from .conftest import write_jsonl
+    from tests.support.training_runs import write_jsonl
 
     root = tmp_path_factory.mktemp("reference")
     rows = [{k: r[k] for k in ("instruction", "input", "output")} for r in reverse_words_records(200, seed=7)]

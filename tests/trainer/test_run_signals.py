@@ -15,8 +15,7 @@ import yaml
 
 from finetune_localcluster.ports import free_port
 from finetune_trainer.node_launcher import PRELOAD_ENV
-
-from .conftest import REPO, job_manifest, wait_for
+from tests.support.training_runs import REPO, job_manifest, wait_for
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 

@@ -23,8 +23,7 @@ from tests.support.s3 import (
     running_s3,
     upload_folder,
 )
-
-from .conftest import Run, job_manifest, render_config
+from tests.support.training_runs import Run, job_manifest, render_config
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 

@@ -15,8 +15,7 @@ import pytest
 
 from finetune_localcluster.ports import free_port
 from finetune_trainer.shm_segments import SHM_DIR, job_prefix, port_in_use, release_own, sweep
-
-from .conftest import Run, job_manifest, render_config, wait_for
+from tests.support.training_runs import Run, job_manifest, render_config, wait_for
 
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(300)]
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from finetune_localcluster.mlflow_server import MlflowServer
-from tests.trainer.conftest import Run, job_manifest, render_config
+from tests.support.training_runs import Run, job_manifest, render_config
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.timeout(900)]
 

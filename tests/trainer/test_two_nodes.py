@@ -14,8 +14,7 @@ import pytest
 
 from finetune_localcluster.ports import free_port
 from finetune_trainer.node_launcher import CPU_PRELOAD, PRELOAD_ENV
-
-from .conftest import Run, job_manifest, render_config, wait_for
+from tests.support.training_runs import Run, job_manifest, render_config, wait_for
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 

@@ -5,6 +5,10 @@ Helpers and builders that several modules use live in `tests/support/` (or `test
 module-level code in the importer, hides which tests a change can break, and grows private names
 (`_sts`) that other files depend on. Every `tests/**/test_*.py` is parsed here, so an import of
 one (absolute, relative, or as `from tests.unit import test_x`) fails naming both files.
+
+Nothing imports a `conftest.py` either (pytest loads those itself; one imported as a library by
+another tier or a benchmark is a helper module under the wrong name): every Python file under
+tests/ and benchmarks/ is checked.
 """
 
 from __future__ import annotations
@@ -43,6 +47,12 @@ def imported_test_modules(source: str, package: tuple[str, ...]) -> set[str]:
         if name.startswith("tests.") and path.name.startswith("test_") and path.is_file():
             found.add(name)
     return found
+
+
+def imported_conftests(source: str, package: tuple[str, ...]) -> set[str]:
+    """The conftest modules that `source`, a module of `package`, imports by any form."""
+    names = set(_named_modules(ast.parse(source), package))
+    return {n for n in names if n == "conftest" or n.endswith(".conftest")}
 
 
 def _imports_of_every_test_module() -> dict[str, set[str]]:
@@ -103,3 +113,27 @@ def test_no_test_module_imports_another() -> None:
 )
 def test_every_form_of_import_is_seen(source: str, package: tuple[str, ...], expected: set[str]) -> None:
     assert imported_test_modules(source, package) == expected
+
+
+def test_nothing_imports_a_conftest() -> None:
+    offending = []
+    for root in ("tests", "benchmarks"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            found = imported_conftests(path.read_text(), path.relative_to(REPO).parent.parts)
+            offending += [f"{path.relative_to(REPO)} imports {name}" for name in sorted(found)]
+    assert not offending, "move the shared names to tests/support/:\n  " + "\n  ".join(offending)
+
+
+@pytest.mark.parametrize(
+    ("source", "package", "expected"),
+    [
+        ("from .conftest import Run", ("tests", "trainer"), {"tests.trainer.conftest"}),
+        ("from tests.trainer.conftest import REPO", ("tests", "prometheus"), {"tests.trainer.conftest"}),
+        ("from . import conftest", ("tests", "trainer"), {"tests.trainer.conftest"}),
+        ("def f():\n    from tests.trainer.conftest import x", ("benchmarks",), {"tests.trainer.conftest"}),
+        ("from tests.support.training_runs import Run", ("tests", "trainer"), set()),
+    ],
+    ids=["relative", "another-tier", "module-from-package", "inside-a-function", "support-module"],
+)
+def test_every_form_of_conftest_import_is_seen(source: str, package: tuple[str, ...], expected: set[str]) -> None:
+    assert imported_conftests(source, package) == expected

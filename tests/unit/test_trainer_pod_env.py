@@ -42,7 +42,7 @@ def test_only_hub_models_are_fetched(uri: str, repo: str | None) -> None:
 
 def _cfg(uri: str) -> Any:
     from finetune_operator.api.job import FineTuneJob
-    from tests.trainer.conftest import job_manifest
+    from tests.support.training_runs import job_manifest
 
     class Cfg:
         job = FineTuneJob.from_manifest(job_manifest(uri, "/data.jsonl", "/out"))
