@@ -41,6 +41,7 @@ from types import FrameType
 from typing import Protocol
 
 from . import process_tree
+from .deepspeed_import import import_deepspeed
 
 STOP_GRACE_SECONDS = 30.0
 """How long the other ranks get to stop after one failed, before SIGKILL (DeepSpeed's 30 s)."""
@@ -234,6 +235,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def import_preloaded(name: str) -> None:
+    """Import one module of the preload (DeepSpeed without its autotuner's MLflow import)."""
+    if name == "deepspeed":
+        import_deepspeed()
+    else:
+        importlib.import_module(name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -245,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     preload = preload_modules(os.environ)
     try:
         for name in preload:
-            importlib.import_module(name)
+            import_preloaded(name)
     except Exception as exc:  # the ranks then start as fresh interpreters and report it themselves
         print(f"node launcher: cannot preload {name}: {exc}; starting each rank afresh", file=sys.stderr, flush=True)
         preload = []

@@ -72,7 +72,9 @@ def run_rank(config_dir: str) -> int:
         from .settings import load_config
 
         cfg = load_config(config_dir)
-        import deepspeed
+        from .deepspeed_import import import_deepspeed
+
+        deepspeed = import_deepspeed()
         import torch
 
         from .collective_check import install_from_env
