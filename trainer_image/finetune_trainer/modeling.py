@@ -360,7 +360,7 @@ def keep_4bit_training_layout(model: Any) -> None:
     the rewrite replaces the data of a partitioned parameter, which DeepSpeed's next gather
     brings back in the original layout under the flagged quant state: fresh ZeRO-2 and ZeRO-3
     runs computed different first-step losses (6.2678 vs 6.2308), and with this the same one
-    (tests/trainer/test_replan_resume.py, chain "qlora"). Inputs on a GPU never repack.
+    (tests/trainer/test_replan_resume_ladder.py, chain "qlora"). Inputs on a GPU never repack.
     """
     from bitsandbytes.nn.modules import Linear4bit
 
