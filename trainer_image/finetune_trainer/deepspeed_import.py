@@ -2,8 +2,8 @@
 
 `deepspeed.runtime.config` imports `deepspeed.autotuning`, whose autotuner imports `mlflow`
 whenever it is installed (it is: the tracking publisher needs it). That is 1.1 s of CPU in each
-process that imports DeepSpeed (the node launcher, every rank started afresh, the checkpoint
-converters), for code a training rank never runs: the autotuner belongs to the `deepspeed
+process that imports DeepSpeed first here (the node launcher's preload, every rank started
+afresh), for code a training rank never runs: the autotuner belongs to the `deepspeed
 --autotuning` launcher. While DeepSpeed is imported here `import mlflow` fails, so the
 autotuner records that it has none; afterwards `import mlflow` works as usual in the process.
 """
