@@ -44,7 +44,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.training_runs import Run, job_manifest, render_config
+from tests.support.training_runs import METHODS, Run, job_manifest, render_config
 
 CHECKPOINT_EVERY = 3
 TOLERANCE = {"fp32": 1e-5, "bf16": 1e-4}
@@ -70,14 +70,6 @@ class Strategy:
         if self.offload_params != "none":
             parts.append(f"parameter offload {self.offload_params}")
         return ", ".join(parts)
-
-
-METHODS = {
-    "lora": {"type": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}},
-    "qlora": {"type": "qlora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "qlora": {"quantType": "nf4"}},
-    # every weight trains: DeepSpeed's shards, converted to a universal checkpoint where the sharding changed
-    "full": {"type": "full"},
-}
 
 
 def manifest(model: Path, data: Path, strategy: Strategy, steps: int, method: str, precision: str) -> dict[str, Any]:
