@@ -57,7 +57,9 @@ def save_merged(base_path: str, adapter_dir: Path, tokenizer: Any, out: Path, dt
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=getattr(torch, dtype_name))
+    from .modeling import NO_HUB_KERNELS
+
+    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=getattr(torch, dtype_name), **NO_HUB_KERNELS)
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():

@@ -70,6 +70,8 @@ def convert(gguf: Path, expected_sha256: str, directory: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .modeling import NO_HUB_KERNELS
+
     actual = sha256_of(gguf)
     if actual != expected_sha256:
         raise GgufSourceError(
@@ -78,7 +80,7 @@ def convert(gguf: Path, expected_sha256: str, directory: Path) -> Path:
         )
     folder, name = str(gguf.parent), gguf.name
     tokenizer: Any = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model: Any = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, **NO_HUB_KERNELS)
     # The weights are dequantised already; what remains marks the model as "GGUF-quantised",
     # which transformers refuses to serialise.
     model.hf_quantizer = None

@@ -35,6 +35,15 @@ from .settings import ConfigError
 log = logging.getLogger(__name__)
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+NO_HUB_KERNELS: dict[str, Any] = {"use_kernels": False}
+"""`from_pretrained` arguments for every model the trainer loads. transformers 5 kernelizes a
+model by default (`use_kernels` unset) when the `kernels` package is there, as it is for
+bitsandbytes: layers such as the rotary embedding are swapped for kernels downloaded from the
+Hub, in inference mode, chosen by the device the weights load on. So a ZeRO-3 or QLoRA job
+(weights loaded straight onto the GPU) fetched `kernels-community/rotary` at start and failed
+where the Hub is out of reach ("Version 2 of 'kernels-community/rotary' is not available in
+the local cache and Hugging Face Hub is in offline mode", the first GPU acceptance run), and
+elsewhere ran remote code the job never asked for. Training uses transformers' own layers."""
 
 
 class ModelNotFound(RuntimeError):
@@ -277,6 +286,7 @@ def load_model(
         "revision": model_revision(spec),
         "trust_remote_code": spec.model.trust_remote_code,
         "token": os.environ.get(PodEnv.HF_TOKEN),
+        **NO_HUB_KERNELS,
     }
     method = MethodType(spec.method.type)
     if method == MethodType.QLORA:
