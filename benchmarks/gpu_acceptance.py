@@ -15,6 +15,14 @@ weights are not the saved ones).
   the planner picks a strategy for an 8B LoRA job and it runs; its peak against the card;
 - (c) a forced out-of-memory error, reported with the trainer's `OutOfMemory` root cause.
 
+Every case, and every model's creation, runs in a process of its own (spawned on the GPU, forked
+on the CPU), so nothing a case leaves behind counts in the next one's peaks or emulated card. The
+first GPU run had every case in one process, and earlier cases' memory was still allocated when
+later ones began: LoRA after full fine-tuning measured a 20 GiB load peak, and the forced OOM case
+found 31 GiB allocated. Two holders: reference cycles the garbage collector had not yet reached,
+and DeepSpeed's ZeRO-3 forward-module stack (a module-level list), which keeps the last ZeRO-3
+model alive even after `gc.collect()` (seen on the CPU).
+
 Two peaks per case, from `torch.cuda.max_memory_allocated()`: load (reset before
 `load_model`, read after `deepspeed.initialize`: loading and engine set-up, against the
 planner's `load_peak_bytes` where it plans one) and step (reset after the engine is built,
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import shutil
 import sys
@@ -42,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 STARTED = time.monotonic()
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,6 +120,58 @@ class Budget:
             return True
         self.skipped.append(label)
         return False
+
+
+T = TypeVar("T")
+CASE_IMPORTS = ("bitsandbytes", "transformers.models.llama.modeling_llama", "finetune_trainer.checkpoint")
+"""Imported by every case beyond a training rank's preload (`node_launcher.CPU_PRELOAD`)."""
+
+
+class CaseFailed(Exception):
+    """What a case's process reported instead of its result.
+
+    `reason` is the trainer's classification (`outcome.classify`), `summary` the error's type
+    and message, `line` the trainer's one-line failure report (`outcome.failure_line`)."""
+
+    def __init__(self, reason: str, summary: str, line: str) -> None:
+        super().__init__(summary)
+        self.reason, self.summary, self.line = reason, summary, line
+
+
+def _case_process(send: Any, body: Callable[[], Any]) -> None:
+    try:
+        result: tuple[str, Any] = ("ok", body())
+    except Exception as exc:
+        from finetune_trainer.outcome import classify, failure_line
+
+        result = ("error", (str(classify(exc)), f"{type(exc).__name__}: {str(exc)[:160]}", failure_line(exc, 0)))
+    send.send(result)
+    send.close()
+
+
+def isolated(body: Callable[[], T], on_gpu: bool) -> T:
+    """`body()` in a new process: its result, or `CaseFailed` with what went wrong there.
+
+    Spawned on the GPU (CUDA cannot be used in a forked child), forked on the CPU (no second
+    import of torch and DeepSpeed). A process that dies before reporting (killed, crashed)
+    is a `CaseFailed` naming its exit code."""
+    context = multiprocessing.get_context("spawn") if on_gpu else multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_case_process, args=(send, body))
+    process.start()
+    send.close()
+    try:
+        kind, payload = receive.recv()
+    except EOFError:
+        process.join()
+        summary = f"the case's process exited with code {process.exitcode} before it reported"
+        raise CaseFailed("ProcessDied", summary, summary) from None
+    finally:
+        receive.close()
+    process.join()
+    if kind == "ok":
+        return payload  # type: ignore[no-any-return]
+    raise CaseFailed(*payload)
 
 
 @dataclass
@@ -238,8 +299,13 @@ def trainable_fingerprint(engine: Any) -> float:
     return total
 
 
-def train(model_dir: Path, spec: Any, plan: Any, steps: int, on_gpu: bool, ckpt_root: Path) -> Measured:
-    """`steps` optimizer steps as the trainer takes them, then a checkpoint saved and loaded back."""
+def train(
+    model_dir: Path, spec: Any, plan: Any, steps: int, on_gpu: bool, ckpt_root: Path, card_bytes: int | None = None
+) -> Measured:
+    """`steps` optimizer steps as the trainer takes them, then a checkpoint saved and loaded back.
+
+    Run it in a process of its own (`isolated`): it joins a one-rank process group and, with
+    `card_bytes`, caps this process's CUDA allocator at that many bytes (an emulated card)."""
     import deepspeed
     import torch
 
@@ -251,10 +317,13 @@ def train(model_dir: Path, spec: Any, plan: Any, steps: int, on_gpu: bool, ckpt_
     from finetune_trainer.loss import training_loss
     from finetune_trainer.schedule import lr_lambda
 
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
     compute = modeling.compute_settings(spec, on_gpu)
     ds_config = modeling.effective_deepspeed_config(deepspeed_config(spec, plan), compute)
     if on_gpu:
-        torch.cuda.empty_cache()
+        if card_bytes is not None:
+            torch.cuda.set_per_process_memory_fraction(card_bytes / torch.cuda.get_device_properties(0).total_memory)
         torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(spec.training.seed)
     model = modeling.load_model(spec, plan, str(model_dir), compute, ds_config)
@@ -321,19 +390,19 @@ def train(model_dir: Path, spec: Any, plan: Any, steps: int, on_gpu: bool, ckpt_
         outcome = f"FAILED: {type(exc).__name__}: {str(exc)[:160]}"
     finally:
         shutil.rmtree(ckpt_root, ignore_errors=True)
-        engine.destroy()  # the next case empties the CUDA cache once this frame's tensors are gone
+        engine.destroy()
+        torch.distributed.destroy_process_group()
     return Measured(load_peak, step_peak, compute.precision, loss_fn.name, outcome)
 
 
 def run_row(row: Row, body: Callable[[], Measured], limit: int | None = None) -> Row:
-    from finetune_trainer.outcome import OUT_OF_MEMORY, classify
+    from finetune_trainer.outcome import OUT_OF_MEMORY
 
     started = time.perf_counter()
     try:
         measured = body()
-    except Exception as exc:  # one failing configuration must not hide the others
-        reason = classify(exc)
-        row.note = f"{'OOM' if reason == OUT_OF_MEMORY else 'failed'}: {type(exc).__name__}: {str(exc)[:160]}"
+    except CaseFailed as failed:  # one failing configuration must not hide the others
+        row.note = f"{'OOM' if failed.reason == str(OUT_OF_MEMORY) else 'failed'}: {failed.summary}"
         return row
     row.load, row.measured, row.checkpoint = measured.load_peak, measured.step_peak, measured.checkpoint
     row.note = f"ok {time.perf_counter() - started:.0f}s, {measured.precision}, loss: {measured.loss}"
@@ -380,7 +449,7 @@ class Sections:
         if not self.budget.allows(f"creating the model {name}", self.build_estimate * scale):
             return None
         began = time.monotonic()
-        save_random_model(config, folder, self.on_gpu)
+        isolated(partial(save_random_model, config, folder, self.on_gpu), self.on_gpu)
         self.build_estimate = (time.monotonic() - began) / scale
         return folder
 
@@ -402,12 +471,11 @@ class Sections:
             plan, planned, planned_load = planned_bytes(spec)
             began = time.monotonic()
             row = Row("a", label, planned_load, None, planned)
-            self.emit(run_row(row, partial(train, folder, spec, plan, self.steps, self.on_gpu, self.checkpoints)))
+            body = partial(train, folder, spec, plan, self.steps, self.on_gpu, self.checkpoints)
+            self.emit(run_row(row, partial(isolated, body, self.on_gpu)))
             longest = max(longest, time.monotonic() - began)
 
     def b(self) -> None:
-        import torch
-
         from finetune_operator.api.strategy import Strategy
         from finetune_operator.plan.model_source import catalogue_entry
 
@@ -428,7 +496,8 @@ class Sections:
                     continue
                 tiny_spec = job_spec(str(tiny), "lora", plan.zero_stage, plan.gradient_checkpointing, 64, 1, gib)
                 tiny_plan, _, _ = planned_bytes(tiny_spec)
-                self.emit(run_row(row, partial(train, tiny, tiny_spec, tiny_plan, 1, False, self.checkpoints)))
+                body = partial(train, tiny, tiny_spec, tiny_plan, 1, False, self.checkpoints)
+                self.emit(run_row(row, partial(isolated, body, False)))
                 longest = max(longest, time.monotonic() - began)
                 continue
             folder = self.model("8b", catalogue_entry("llama-3.1-8b").config, scale=6.0)
@@ -436,12 +505,9 @@ class Sections:
                 self.budget.skipped.append(f"b | {label}")
                 continue
             limit = gib * GIB
-            torch.cuda.set_per_process_memory_fraction(limit / torch.cuda.get_device_properties(0).total_memory)
             model_spec = job_spec(str(folder), "lora", "auto", True, 2048, "auto", gib)
-            try:
-                self.emit(run_row(row, partial(train, folder, model_spec, plan, 2, True, self.checkpoints), limit))
-            finally:
-                torch.cuda.set_per_process_memory_fraction(1.0)
+            body = partial(train, folder, model_spec, plan, 2, True, self.checkpoints, limit)
+            self.emit(run_row(row, partial(isolated, body, True), limit))
             longest = max(longest, time.monotonic() - began)
 
     def c(self) -> None:
@@ -465,14 +531,11 @@ class Sections:
             return
         spec = job_spec(str(folder), "full", 0, False, 2048, 8, 141)
         plan, planned, _ = planned_bytes(spec)
-        torch.cuda.set_per_process_memory_fraction(2 * GIB / torch.cuda.get_device_properties(0).total_memory)
         try:
-            train(folder, spec, plan, 1, True, self.checkpoints)
+            isolated(partial(train, folder, spec, plan, 1, True, self.checkpoints, 2 * GIB), True)
             line = "no error: the forced OOM did not happen"
-        except Exception as exc:
-            line = failure_line(exc, 0)
-        finally:
-            torch.cuda.set_per_process_memory_fraction(1.0)
+        except CaseFailed as failed:
+            line = failed.line
         self.emit(Row("c", label, planned=planned, note=line))
 
 
@@ -506,7 +569,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     on_gpu = torch.cuda.is_available() and not args.dry_run
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    if not on_gpu:  # the cases' processes are forked from this one: import what they use once, here
+        from finetune_trainer.node_launcher import CPU_PRELOAD, import_preloaded
+
+        for name in (*CPU_PRELOAD, *CASE_IMPORTS):
+            import_preloaded(name)
     device = torch.cuda.get_device_name() if on_gpu else "CPU (dry run)"
     print(f"device: {device}, torch {torch.__version__}, deepspeed {deepspeed.__version__}", flush=True)
     print(" | ".join(COLUMNS), flush=True)

@@ -4,7 +4,8 @@ The GPU run cannot happen in CI; the dry run keeps the script working there: sec
 each ZeRO stage with full fine-tuning and LoRA/QLoRA, (b) a planned strategy for each emulated
 card, (c) the OutOfMemory root cause. Every case trains with the chunked LM-head loss (the one
 the planner counts) and saves and loads a checkpoint through the trainer's checkpoint module,
-and the time budget cuts the table instead of overrunning it.
+and the time budget cuts the table instead of overrunning it. Each case runs in a process of
+its own (`isolated`), so what one case leaves allocated cannot count in the next one's peaks.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_acceptance import CASES, COLUMNS, Budget
+from benchmarks.gpu_acceptance import CASES, COLUMNS, Budget, CaseFailed, isolated
 from finetune_localcluster.ports import free_port
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
@@ -95,3 +96,54 @@ def test_the_budget_starts_a_task_only_while_its_estimate_fits() -> None:
     now[0] = 161.0
     assert not budget.allows("late", 0)
     assert budget.skipped == ["too long", "late"]
+
+
+HELD: list[bytes] = []
+
+
+def hold_and_report() -> int:
+    HELD.append(bytes(1 << 20))  # what a leaking case would keep
+    return os.getpid()
+
+
+def run_out_of_memory() -> None:
+    import torch
+
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
+
+
+def die() -> None:
+    os._exit(7)
+
+
+def test_a_case_runs_in_its_own_process_and_what_it_holds_goes_with_it() -> None:
+    first, second = isolated(hold_and_report, False), isolated(hold_and_report, False)
+    assert os.getpid() not in (first, second) and first != second
+    assert HELD == []
+
+
+def test_a_case_that_raises_reports_the_trainers_classification_and_failure_line() -> None:
+    with pytest.raises(CaseFailed) as failed:
+        isolated(run_out_of_memory, False)
+    assert failed.value.reason == "OutOfMemory"
+    assert failed.value.summary == "OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB"
+    assert failed.value.line.startswith("OutOfMemory: CUDA out of memory. Tried to allocate 3.00 GiB")
+
+
+def test_a_case_whose_process_dies_is_a_failure_naming_its_exit_code() -> None:
+    with pytest.raises(CaseFailed, match="exited with code 7 before it reported"):
+        isolated(die, False)
+
+
+def test_on_the_gpu_a_case_is_spawned_and_its_body_crosses_by_pickle(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import pickle
+    from functools import partial
+
+    from benchmarks.gpu_acceptance import GIB, job_spec, planned_bytes, train
+
+    spec = job_spec(str(tiny_model_dir), "qlora", 3, True, 64, 2, 141)
+    plan, _, _ = planned_bytes(spec)
+    body = partial(train, tiny_model_dir, spec, plan, 3, True, tmp_path, 2 * GIB)
+    copy = pickle.loads(pickle.dumps(body))
+    assert (copy.func, copy.args[0], copy.args[1], copy.args[2]) == (train, tiny_model_dir, spec, plan)
+    assert isolated(hold_and_report, True) != os.getpid()  # the spawn path, as on the GPU
