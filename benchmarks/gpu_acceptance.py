@@ -315,7 +315,7 @@ def train(
     from finetune_operator.render.deepspeed_config import deepspeed_config
     from finetune_trainer import checkpoint, modeling
     from finetune_trainer.loss import training_loss
-    from finetune_trainer.schedule import lr_lambda
+    from finetune_trainer.rank_setup import build_engine
 
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
@@ -328,19 +328,7 @@ def train(
     torch.manual_seed(spec.training.seed)
     model = modeling.load_model(spec, plan, str(model_dir), compute, ds_config)
     loss_fn = training_loss(model, on_gpu)
-    params = [p for p in model.parameters() if p.requires_grad]
-    lr, decay = spec.training.learning_rate, spec.training.weight_decay
-    if on_gpu and plan.offload_optimizer != "none":
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-        optimizer: Any = DeepSpeedCPUAdam(params, lr=lr, weight_decay=decay, adamw_mode=True)
-    else:
-        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=decay)
-    total = steps + 1
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(str(spec.training.lr_schedule), spec.training.warmup_steps_of(total), total)
-    )
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+    engine = build_engine(model, spec=spec, plan=plan, ds_config=ds_config, total_steps=steps + 1, on_gpu=on_gpu)
     load_peak = step_peak = None
     if on_gpu:
         torch.cuda.synchronize()

@@ -123,6 +123,15 @@ SMOKES = [
         timeout=600,
         marks=TRAINER,
     ),
+    Smoke(
+        "optimizer_step_memory.py",
+        (
+            r"^fused +\d+ +\d+\.\d\d +\d+\.\d +1\.00x$",
+            r"^foreach +\d+ +\d+\.\d\d +\d+\.\d +\d+\.\d\dx$",
+            r"^single-tensor +\d+ +\d+\.\d\d +\d+\.\d +\d+\.\d\dx$",
+        ),
+        timeout=120,
+    ),
 ]
 
 
