@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -291,6 +292,17 @@ def test_root_cause_prefers_oom_then_silent_ranks_then_real_errors(tmp_path: Pat
     assert outcome.root_cause(tmp_path, 0) == ("DataError: /d.jsonl:3: malformed (rank 0)", 1)
     outcome.write_rank_failure(tmp_path, 2, "OutOfMemory: CUDA out of memory (rank 2)")
     assert outcome.root_cause(tmp_path, 0) == ("OutOfMemory: CUDA out of memory (rank 2)", 1)
+
+
+def test_a_silent_rank_after_the_launcher_began_stopping_is_not_the_cause(tmp_path: Path) -> None:
+    for rank in (0, 1):
+        outcome.mark_rank(tmp_path, rank, "started")
+    outcome.write_rank_failure(tmp_path, 0, "OutputFull: no space left on the output volume (rank 0)")
+    line, _ = outcome.root_cause(tmp_path, 0) or ("", 0)
+    assert line.startswith("RankKilled: rank 1 "), "without the launcher's mark a silent rank still comes first"
+    time.sleep(0.01)
+    (tmp_path / outcome.STOPPING_FILE).write_text(str(time.time()))  # as the node launcher writes it
+    assert outcome.root_cause(tmp_path, 0) == ("OutputFull: no space left on the output volume (rank 0)", 1)
 
 
 def test_root_cause_is_none_without_traces(tmp_path: Path) -> None:

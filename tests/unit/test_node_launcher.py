@@ -19,6 +19,8 @@ from finetune_trainer.launch import world_info
 from finetune_trainer.node_launcher import (
     CPU_PRELOAD,
     PRELOAD_ENV,
+    RUN_STATE_ENV,
+    STOPPING_FILE,
     decode_world,
     exit_code,
     node_slots,
@@ -99,6 +101,30 @@ def test_a_failed_rank_stops_the_others_and_is_the_result() -> None:
     assert supervise([*sleepers, failing], grace=5) == 3
     assert time.monotonic() - started < 20
     assert all(p.returncode is not None for p in sleepers)
+
+
+def test_a_rank_the_launcher_sigkills_while_stopping_is_not_taken_for_the_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 fails with a written error; rank 1 ignores SIGTERM and is SIGKILLed at the end of
+    its grace. The failure is rank 0's (a stop-38-era CI run reported rank 1's SIGKILL instead)."""
+    from finetune_trainer import outcome
+
+    monkeypatch.setenv(RUN_STATE_ENV, str(tmp_path))
+    state = repr(str(tmp_path))
+    failing = _python(
+        "import time; from pathlib import Path; from finetune_trainer import outcome as o; "
+        f"o.mark_rank(Path({state}), 0, 'started'); time.sleep(0.5); "
+        f"o.write_rank_failure(Path({state}), 0, 'OutputFull: no space left (rank 0)'); raise SystemExit(1)"
+    )
+    stubborn = _python(
+        "import signal, time; from pathlib import Path; from finetune_trainer import outcome as o; "
+        f"signal.signal(signal.SIGTERM, signal.SIG_IGN); o.mark_rank(Path({state}), 1, 'started'); time.sleep(60)"
+    )
+    assert supervise([failing, stubborn], grace=1) == 1
+    assert stubborn.returncode in (-signal.SIGKILL, 137)
+    assert (tmp_path / outcome.STOPPING_FILE).exists() and STOPPING_FILE == outcome.STOPPING_FILE
+    assert outcome.root_cause(tmp_path, 0) == ("OutputFull: no space left (rank 0)", 1)
 
 
 def test_a_rank_killed_by_sigkill_is_reported_as_137() -> None:

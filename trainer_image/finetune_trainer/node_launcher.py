@@ -34,6 +34,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,11 @@ from .deepspeed_import import import_deepspeed
 
 STOP_GRACE_SECONDS = 30.0
 """How long the other ranks get to stop after one failed, before SIGKILL (DeepSpeed's 30 s)."""
+
+RUN_STATE_ENV = "FTJOB_RUN_STATE_DIR"
+"""PodEnv.FTJOB_RUN_STATE_DIR (the api package imports pydantic, which the launcher does not load)."""
+STOPPING_FILE = "stopping"
+"""outcome.STOPPING_FILE: written there when a failed rank makes the launcher stop the others."""
 
 PRELOAD_ENV = "FTJOB_LAUNCHER_PRELOAD"
 """Comma-separated modules to import once and fork the ranks from (CPU nodes only), or `none`."""
@@ -202,6 +208,21 @@ def _stop(ranks: Sequence[RankProcess], grace: float) -> None:
         proc.poll()  # reap
 
 
+def _mark_stopping() -> None:
+    """Note when the stop began, so a rank SIGKILLed for outliving its grace is not taken for
+    the cause (`outcome.root_cause`)."""
+    state_dir = os.environ.get(RUN_STATE_ENV)
+    if not state_dir:
+        return
+    path = os.path.join(state_dir, STOPPING_FILE)
+    try:
+        if not os.path.exists(path):
+            with open(path, "w") as fh:
+                fh.write(str(time.time()))
+    except OSError as exc:  # the stop goes on; only the report may blame a stopped rank
+        print(f"node launcher: cannot write {path}: {exc}", file=sys.stderr)
+
+
 def supervise(ranks: Sequence[RankProcess], grace: float = STOP_GRACE_SECONDS) -> int:
     """Wait for the ranks; the first failure stops the rest and is the result."""
     by_pid = {proc.pid: proc for proc in ranks}
@@ -218,6 +239,7 @@ def supervise(ranks: Sequence[RankProcess], grace: float = STOP_GRACE_SECONDS) -
         by_pid[pid].returncode = code
         if code != 0:
             print(f"node launcher: rank process {pid} exited with {code}; stopping the others", file=sys.stderr)
+            _mark_stopping()
             _stop(ranks, grace)
             return exit_code(code)
     failed = [p.returncode for p in ranks if p.returncode]

@@ -127,6 +127,18 @@ def mark_rank(state_dir: Path, rank: int, event: str) -> None:
     (state_dir / f"rank{rank}.{event}").write_text(str(time.time()))
 
 
+STOPPING_FILE = "stopping"
+"""Written by the node launcher (`node_launcher._mark_stopping`, the time) when a rank's failure
+makes it stop the others: ranks killed from then on are its doing."""
+
+
+def _stopping_since(state_dir: Path) -> float | None:
+    try:
+        return float((state_dir / STOPPING_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _failures(state_dir: Path) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = []
     for path in state_dir.glob("failure-rank*.json"):
@@ -146,7 +158,11 @@ def root_cause(state_dir: Path, node_rank: int) -> tuple[str, int] | None:
 
     Order: an explicit out-of-memory error; then a rank that vanished without a word
     (SIGKILL, exit 137); then the earliest real error; then the
-    consequences (peers losing the connection, ranks stopped by the launcher).
+    consequences (peers losing the connection, ranks stopped by the launcher). A silent rank
+    does not outrank a real error written before the launcher began stopping the gang
+    (`mark_stopping`): the launcher SIGKILLs a rank that outlives its grace period, and that
+    rank was stopped, not the cause (a full disk on rank 0 was once reported as rank 1's
+    SIGKILL, on a loaded machine).
     """
     entries = _failures(state_dir)
     started = {_rank_of(p) for p in state_dir.glob("rank*.started")}
@@ -155,7 +171,17 @@ def root_cause(state_dir: Path, node_rank: int) -> tuple[str, int] | None:
     oom = [e for e in entries if str(e.get("line", "")).startswith(f"{OUT_OF_MEMORY}:")]
     if oom:
         return str(min(oom, key=lambda e: float(e["time"]))["line"]), 1
-    if silent:
+
+    def weight(entry: dict[str, Any]) -> tuple[int, float]:
+        line = str(entry.get("line", ""))
+        secondary = 2 if line.startswith(TERMINATED) else 1 if _PEER_LOSS.search(line) else 0
+        return secondary, float(entry.get("time", 0))
+
+    stop_began = _stopping_since(state_dir)
+    caused_the_stop = [
+        e for e in entries if stop_began is not None and weight(e)[0] == 0 and weight(e)[1] <= stop_began
+    ]
+    if silent and not caused_the_stop:
         ranks = ", ".join(str(r) for r in silent)
         return (
             f"{RANK_KILLED}: rank {ranks} on node {node_rank} died without an error message "
@@ -164,12 +190,6 @@ def root_cause(state_dir: Path, node_rank: int) -> tuple[str, int] | None:
         )
     if not entries:
         return None
-
-    def weight(entry: dict[str, Any]) -> tuple[int, float]:
-        line = str(entry.get("line", ""))
-        secondary = 2 if line.startswith(TERMINATED) else 1 if _PEER_LOSS.search(line) else 0
-        return secondary, float(entry.get("time", 0))
-
     return str(min(entries, key=weight)["line"]), 1
 
 
