@@ -160,9 +160,9 @@ def root_cause(state_dir: Path, node_rank: int) -> tuple[str, int] | None:
     (SIGKILL, exit 137); then the earliest real error; then the
     consequences (peers losing the connection, ranks stopped by the launcher). A silent rank
     does not outrank a real error written before the launcher began stopping the gang
-    (`mark_stopping`): the launcher SIGKILLs a rank that outlives its grace period, and that
-    rank was stopped, not the cause (a full disk on rank 0 was once reported as rank 1's
-    SIGKILL, on a loaded machine).
+    (`STOPPING_FILE`, written by `node_launcher._mark_stopping`): the launcher SIGKILLs a rank
+    that outlives its grace period, and that rank was stopped, not the cause (a full disk on
+    rank 0 was once reported as rank 1's SIGKILL, on a loaded machine).
     """
     entries = _failures(state_dir)
     started = {_rank_of(p) for p in state_dir.glob("rank*.started")}
@@ -178,10 +178,10 @@ def root_cause(state_dir: Path, node_rank: int) -> tuple[str, int] | None:
         return secondary, float(entry.get("time", 0))
 
     stop_began = _stopping_since(state_dir)
-    caused_the_stop = [
-        e for e in entries if stop_began is not None and weight(e)[0] == 0 and weight(e)[1] <= stop_began
-    ]
-    if silent and not caused_the_stop:
+    error_before_stop = stop_began is not None and any(
+        weight(e)[0] == 0 and weight(e)[1] <= stop_began for e in entries
+    )
+    if silent and not error_before_stop:
         ranks = ", ".join(str(r) for r in silent)
         return (
             f"{RANK_KILLED}: rank {ranks} on node {node_rank} died without an error message "
