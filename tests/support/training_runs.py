@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 
 from finetune_localcluster.ports import free_port
 from finetune_trainer.shm_segments import sweep
+from tests.support import fork_server
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,9 +69,19 @@ def render_config(directory: Path, manifest: dict[str, Any], hostfile: str | Non
     return directory
 
 
+SHARED_ENV = {
+    "DS_ACCELERATOR": "cpu",
+    "OMP_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONWARNINGS": "ignore",
+}
+"""What every run's environment adds to the test process's: the fork server's too."""
+FORK_STATUS_DIR = Path(tempfile.gettempdir()) / "ftjob-test-fork-server"
+
+
 @dataclass
 class Run:
-    proc: subprocess.Popen[str]
+    proc: subprocess.Popen[str] | fork_server.ForkedRun
     output: Path
     termination_log: Path
     log_file: Path
@@ -116,13 +128,23 @@ class Run:
 
 
 def start_train(
-    config_dir: Path, output: Path, *, env: dict[str, str] | None = None, port: int | None = None, tag: str = "run"
+    config_dir: Path,
+    output: Path,
+    *,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+    tag: str = "run",
+    fresh: bool = False,
 ) -> Run:
-    """Start `ftjob train --config DIR` in its own process group."""
+    """Start `ftjob train --config DIR` in its own process group: forked from this test process's
+    fork server (tests/support/fork_server.py) when the run's environment allows, else (or with
+    `fresh`) as a fresh interpreter."""
     termination = output.parent / f"{output.name}-{tag}-termination-log"
     log_file = output.parent / f"{output.name}-{tag}.log"
     port = port or free_port()
-    full_env = dict(os.environ)
+    base = dict(os.environ)
+    base.update(SHARED_ENV)
+    full_env = dict(base)
     full_env.update(
         {
             "FTJOB_OUTPUT_DIR": str(output),
@@ -131,19 +153,21 @@ def start_train(
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "NODE_RANK": "0",
-            "DS_ACCELERATOR": "cpu",
-            "OMP_NUM_THREADS": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            "PYTHONWARNINGS": "ignore",
             "FTJOB_DIST_TIMEOUT_MINUTES": "3",
             # every tensor a rank hands to a collective must be on its device (NCCL has no host tensors)
             "FTJOB_CHECK_COLLECTIVE_DEVICES": str(termination.parent / f"{termination.name}-collectives"),
         }
     )
     full_env.update(env or {})
+    args = ["train", "--config", str(config_dir)]
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    log_file.write_text("")
+    server = None if fresh else fork_server.server_for(base, FORK_STATUS_DIR / str(os.getpid()))
+    if server is not None and not fork_server.differs(server.env, full_env):
+        return Run(server.start(args, full_env, REPO, log_file), output, termination, log_file, port)
     with log_file.open("w") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "finetune_operator.cli.main", "train", "--config", str(config_dir)],
+            [sys.executable, "-m", fork_server.CLI_MODULE, *args],
             env=full_env,
             stdout=fh,
             stderr=subprocess.STDOUT,

@@ -1,9 +1,11 @@
 """Shared fixtures of the trainer tier: a tiny local model, datasets, and a way to run ranks.
 
-Multi-rank tests start the real pod entrypoint (`ftjob train --config DIR`) as a
-subprocess (tests/support/training_runs.py), which runs the node launcher and real DeepSpeed
-gloo ranks on this CPU. Every run gets its own free rendezvous port and its own output and
-termination-log paths.
+Multi-rank tests start the real pod entrypoint (`ftjob train --config DIR`) in a process of
+its own (tests/support/training_runs.py), which runs the node launcher and real DeepSpeed gloo
+ranks on this CPU. A run is forked from the test process's fork server, which has imported
+torch, DeepSpeed and peft once (tests/support/fork_server.py; `fresh=True` or
+FTJOB_TEST_FORK_SERVER=0 starts a fresh interpreter instead). Every run gets its own free
+rendezvous port and its own output and termination-log paths.
 """
 
 from __future__ import annotations

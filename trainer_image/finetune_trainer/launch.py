@@ -30,7 +30,7 @@ from typing import Any
 from finetune_operator.api.pod_contract import TerminationReason, TrainingSummary
 from finetune_operator.api.pod_env import CUDA_ALLOCATOR_DEFAULT, PodEnv
 
-from . import outcome, process_tree, s3_checkpoints, s3_inputs, shm_segments
+from . import node_launcher, outcome, process_tree, s3_checkpoints, s3_inputs, shm_segments
 from .download_gate import DownloadTimeout, download_timeout, gang_ready, within_limit
 from .objstore import StoreError
 from .paths import completion_marker
@@ -76,12 +76,8 @@ def world_info(hosts: tuple[tuple[str, int], ...]) -> str:
     return base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
 
 
-def launcher_command(cfg: JobConfig, node_rank: int, master_addr: str, master_port: int) -> list[str]:
+def launcher_args(cfg: JobConfig, node_rank: int, master_addr: str, master_port: int) -> list[str]:
     return [
-        sys.executable,
-        "-u",
-        "-m",
-        LAUNCHER_MODULE,
         f"--world_info={world_info(cfg.hosts)}",
         f"--master_addr={master_addr}",
         f"--master_port={master_port}",
@@ -90,6 +86,21 @@ def launcher_command(cfg: JobConfig, node_rank: int, master_addr: str, master_po
         "--config",
         str(cfg.directory),
     ]
+
+
+def launcher_command(cfg: JobConfig, node_rank: int, master_addr: str, master_port: int) -> list[str]:
+    return [sys.executable, "-u", "-m", LAUNCHER_MODULE, *launcher_args(cfg, node_rank, master_addr, master_port)]
+
+
+def start_launcher(
+    cfg: JobConfig, node_rank: int, master_addr: str, master_port: int, env: dict[str, str]
+) -> subprocess.Popen[bytes] | node_launcher.ForkedRank:
+    """The node launcher as `python -u -m finetune_trainer.node_launcher ...`, or forked from this
+    process when it already holds the launcher's preload (`node_launcher.holds_preload`)."""
+    if node_launcher.holds_preload(env):
+        args = launcher_args(cfg, node_rank, master_addr, master_port)
+        return node_launcher.fork_rank(LAUNCHER_MODULE, args, env, unbuffered=True)
+    return subprocess.Popen(launcher_command(cfg, node_rank, master_addr, master_port), env=env)
 
 
 def _rank_env(state_dir: Path, progress: bool) -> dict[str, str]:
@@ -173,9 +184,8 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
     tracking = start_session(cfg) if node_rank == 0 else None
     with tempfile.TemporaryDirectory(prefix="ftjob-run-") as tmp:
         state_dir = Path(tmp)
-        cmd = launcher_command(cfg, node_rank, master_addr, master_port)
         started = time.time()
-        proc = subprocess.Popen(cmd, env=_rank_env(state_dir, progress))
+        proc = start_launcher(cfg, node_rank, master_addr, master_port, _rank_env(state_dir, progress))
         terminated = {"signal": 0}
         signalled: list[Any] = []
 

@@ -28,6 +28,7 @@ import argparse
 import atexit
 import base64
 import importlib
+import io
 import json
 import os
 import runpy
@@ -36,7 +37,8 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Protocol
@@ -128,7 +130,7 @@ def exit_code(returncode: int) -> int:
 
 @dataclass
 class ForkedRank:
-    """A rank forked from the launcher (see FTJOB_LAUNCHER_PRELOAD), polled like a Popen."""
+    """A process forked by `fork_rank` (a rank, or the launcher itself), polled like a Popen."""
 
     pid: int
     returncode: int | None = None
@@ -141,6 +143,17 @@ class ForkedRank:
                 return self.returncode
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        """Block until it exits (a signal handler that runs meanwhile does not end the wait)."""
+        while self.returncode is None:
+            try:
+                _, status = os.waitpid(self.pid, 0)
+            except ChildProcessError:  # reaped elsewhere: its code is lost
+                self.returncode = 1
+                break
+            self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
 
@@ -160,6 +173,21 @@ def preload_modules(environ: Mapping[str, str]) -> list[str]:
     return [] if names == ["none"] else names
 
 
+def holds_preload(environ: Mapping[str, str]) -> bool:
+    """Whether this process may fork the node launcher instead of starting a new interpreter:
+    it has already imported the whole preload the launcher would import (`preload_modules`),
+    and it is single-threaded (a thread holding a lock at the fork would leave it held in the
+    child). A pod's entrypoint never has (it does not import torch); a test's fork server
+    (tests/support/fork_server.py) does, and then skips the launcher's ~7 CPU-s of imports."""
+    names = preload_modules(environ)
+    if not names or not all(name in sys.modules for name in names):
+        return False
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
 def _system_exit_code(exc: SystemExit) -> int:
     if exc.code is None or isinstance(exc.code, int):
         return int(exc.code or 0)
@@ -167,8 +195,28 @@ def _system_exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def fork_rank(module: str, args: Sequence[str], env: Mapping[str, str]) -> ForkedRank:
-    """Fork a rank that runs `module` as __main__ with `env`, as `python -m module args` would."""
+def _unbuffered_stdio() -> None:
+    """sys.stdout and sys.stderr as `python -u` makes them: every write goes to the fd at once."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        encoding = getattr(old, "encoding", None) or "utf-8"
+        errors = getattr(old, "errors", None) or "strict"
+        raw = io.FileIO(fd, "w", closefd=False)
+        setattr(sys, name, io.TextIOWrapper(raw, encoding=encoding, errors=errors, write_through=True))
+
+
+def fork_rank(
+    module: str,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    unbuffered: bool = False,
+    setup: Callable[[], None] | None = None,
+) -> ForkedRank:
+    """Fork a process that runs `module` as __main__ with `env`, as `python -m module args` would
+    (`python -u -m` with `unbuffered`). `setup` runs first in the child (its own session, its
+    output files). The parent's weakref finalizers (a TemporaryDirectory it holds) stay the
+    parent's: the child does not run them when it exits."""
     sys.stdout.flush()
     sys.stderr.flush()
     stop_signals = {signal.SIGTERM, signal.SIGINT}
@@ -182,6 +230,11 @@ def fork_rank(module: str, args: Sequence[str], env: Mapping[str, str]) -> Forke
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
+        _disown_finalizers()
+        if setup is not None:
+            setup()
+        if unbuffered:
+            _unbuffered_stdio()
         os.environ.clear()
         os.environ.update(env)
         sys.argv = [module, *args]
@@ -198,6 +251,13 @@ def fork_rank(module: str, args: Sequence[str], env: Mapping[str, str]) -> Forke
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _disown_finalizers() -> None:
+    """In a forked child: the weakref finalizers alive at the fork are not run at its exit."""
+    registry = getattr(weakref.finalize, "_registry", {})
+    for info in list(registry.values()):
+        info.atexit = False
 
 
 def _stop(ranks: Sequence[RankProcess], grace: float) -> None:
