@@ -37,12 +37,14 @@ fi
 # Lanes run side by side, so that on 2 cores one lane's waiting overlaps another's work. Four
 # by default (FTJOB_TEST_LANES=4): the training lane (the trainer tier: real ranks on the CPU
 # throughout), the main lane (the static checks, then the cluster tier), the side lane (unit,
-# images, bench) and the wait lane (robustness and prometheus: 15 min of waiting on a control
-# plane, an operator and scrapes, for 5 min of CPU; behind the side lane's tiers they made that
-# lane the last to end, with the cores half idle). The load reaches 12; the local cluster is made
+# bench) and the wait lane (robustness, prometheus and images: 15 min of waiting on a control
+# plane, an operator and scrapes, for 5 min of CPU, then image builds that mostly copy files;
+# behind the side lane's tiers they made that lane the last to end, with the cores half idle;
+# run N of 2026-12-04 ended the side lane 8 min after the wait lane, with images in the side
+# lane). The load reaches 12; the local cluster is made
 # for that (see NODE_MONITOR_GRACE in finetune_localcluster/cluster.py). FTJOB_TEST_LANES=3 runs
 # the wait lane's tiers in the side lane, 2 both in the main lane, 1 everything in one lane.
-declare -A LANE=([trainer]=train [unit]=side [images]=side [bench]=side [robustness]=wait [prometheus]=wait)
+declare -A LANE=([trainer]=train [unit]=side [images]=wait [bench]=side [robustness]=wait [prometheus]=wait)
 # The trainer and cluster tiers run in two workers each, taking whole files (a file's runs share
 # its fixtures; each cluster worker starts its own local cluster, on a pod CIDR of its own): when
 # the other lanes end first, they still use both cores.
