@@ -2,7 +2,8 @@
 
 Each job is created, runs on the kwok GPU nodes, loses a rank once (a gang restart), then
 finishes (every rank exits 0 with the trainer's summary, reported as a kubelet would). A chaos
-thread kills the operator with SIGKILL 2-10 s after each start and starts it again. Every job must reach
+thread kills the operator with SIGKILL after a random share of work (WORK_CPU_S of the
+operator's CPU after each start, or LIFE_CAP_S) and starts it again. Every job must reach
 Succeeded, its restart count must never go down, no job may ever have two children of a kind,
 and once the jobs are deleted no child is left behind.
 """
@@ -13,9 +14,11 @@ import json
 import random
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 import pytest
 
 from finetune_localcluster import Kube, wait_for
@@ -25,6 +28,13 @@ from tests.cluster.operator_harness import Jobs
 LIFECYCLES = 50
 WAVE = 8  # 2 pods x 1 GPU each: 8 jobs fill the two 8-GPU kwok nodes
 STEP_S = 120.0
+WORK_CPU_S = (0.3, 1.5)
+"""How much CPU the operator gets after each start before the chaos kills it. In CPU, not wall
+time: killed 2-10 s after each start, an operator on a machine at load 16 (CI's four lanes on
+2 cores) got so little CPU per life that job-24 saw both pods ready for 120 s while its status
+still said 0 of 2 (CI of 2026-12-04 16:20)."""
+LIFE_CAP_S = 30.0
+"""The longest life, for an operator with nothing to do."""
 CHILDREN = {
     "statefulsets": "/apis/apps/v1/namespaces/{ns}/statefulsets",
     "services": "/api/v1/namespaces/{ns}/services",
@@ -43,8 +53,24 @@ class Chaos:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _cpu(self) -> float:
+        proc = self.operator.proc
+        try:
+            times = psutil.Process(proc.pid).cpu_times() if proc is not None else None
+        except psutil.Error:
+            return 0.0
+        return times.user + times.system if times is not None else 0.0
+
+    def _live(self) -> bool:
+        """Wait out one life of the operator; False once the chaos is stopped."""
+        work, began, started = self.rng.uniform(*WORK_CPU_S), self._cpu(), time.monotonic()
+        while not self._stop.wait(0.2):
+            if self._cpu() - began >= work or time.monotonic() - started >= LIFE_CAP_S:
+                return True
+        return False
+
     def _run(self) -> None:
-        while not self._stop.wait(self.rng.uniform(2.0, 10.0)):
+        while self._live():
             proc = self.operator.proc
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)

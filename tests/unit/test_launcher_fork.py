@@ -62,6 +62,22 @@ def test_only_a_single_threaded_process_holding_the_whole_preload_forks_the_laun
     assert _python(code, tmp_path) == str(holds)
 
 
+def test_a_thread_that_was_joined_but_is_still_exiting_is_waited_for(tmp_path: Path) -> None:
+    code = """
+        import os, threading
+        import json, wave
+        from finetune_trainer import node_launcher
+        worker = threading.Thread(target=lambda: None)
+        worker.start()
+        worker.join()
+        listed = iter([2, 2, 1])  # the kernel still lists the exiting thread twice
+        real = os.listdir
+        os.listdir = lambda path: ["t"] * next(listed) if path == "/proc/self/task" else real(path)
+        print(node_launcher.holds_preload({"DS_ACCELERATOR": "cpu", "FTJOB_LAUNCHER_PRELOAD": "json,wave"}))
+    """
+    assert _python(code, tmp_path) == "True"
+
+
 def test_a_forked_child_leaves_its_parents_temporary_folder_alone(tmp_path: Path) -> None:
     (tmp_path / "child_mod.py").write_text("print('child ran')\n")
     code = """

@@ -35,6 +35,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import weakref
@@ -182,10 +183,23 @@ def holds_preload(environ: Mapping[str, str]) -> bool:
     names = preload_modules(environ)
     if not names or not all(name in sys.modules for name in names):
         return False
-    try:
-        return len(os.listdir("/proc/self/task")) == 1
-    except OSError:
-        return False
+    return _single_threaded()
+
+
+def _single_threaded(exit_wait: float = 2.0) -> bool:
+    """No thread but this one. A Python thread that was just joined may still be listed by the
+    kernel for a moment while it exits (the model-download thread, on a loaded machine): that
+    one is waited for, up to `exit_wait` seconds."""
+    deadline = time.monotonic() + exit_wait
+    while True:
+        try:
+            if len(os.listdir("/proc/self/task")) == 1:
+                return True
+        except OSError:
+            return False
+        if threading.active_count() > 1 or time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
 
 
 def _system_exit_code(exc: SystemExit) -> int:

@@ -105,7 +105,15 @@ class MlflowServer:
             "--artifacts-destination",
             str(self.workdir / "artifacts"),
         ]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+            "DO_NOT_TRACK": "true",
+            # No job runner: MLflow 3 otherwise starts a pool of huey consumer processes for its
+            # server-side jobs (GenAI evaluation, trace rollups), which the trainer never submits
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+        }
         env.pop("PYTHONPATH", None)  # the server's venv, not the project's packages
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
