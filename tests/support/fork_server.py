@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 REPO = Path(__file__).resolve().parents[2]
 CLI_MODULE = "finetune_operator.cli.main"
 RUN_VARIABLES = ("FTJOB_", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "AWS_", "MLFLOW_", "PYTEST_CURRENT_TEST")
@@ -69,7 +71,7 @@ class ForkedRun:
             text = self.status_file.read_text().strip()
             if text:
                 self.returncode = int(text)
-        if self.returncode is None and self.server.poll() is not None and not _alive(self.pid):
+        if self.returncode is None and self.server.poll() is not None and not psutil.pid_exists(self.pid):
             raise RuntimeError(f"the fork server died (exit {self.server.returncode}) before run {self.pid} ended")
         return self.returncode
 
@@ -91,14 +93,6 @@ class ForkedRun:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 class ForkServer:

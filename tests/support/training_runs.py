@@ -22,7 +22,7 @@ from finetune_localcluster.ports import free_port
 from finetune_trainer.shm_segments import sweep
 from tests.support import fork_server
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = fork_server.REPO
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:
@@ -162,7 +162,10 @@ def start_train(
     args = ["train", "--config", str(config_dir)]
     log_file.parent.mkdir(parents=True, exist_ok=True)
     log_file.write_text("")
-    server = None if fresh else fork_server.server_for(base, FORK_STATUS_DIR / str(os.getpid()))
+    # the server is started with `base`: a run that differs from it in an import-time variable
+    # starts fresh, and does not start a server it cannot use
+    forkable = not fresh and not fork_server.differs(base, full_env)
+    server = fork_server.server_for(base, FORK_STATUS_DIR / str(os.getpid())) if forkable else None
     if server is not None and not fork_server.differs(server.env, full_env):
         return Run(server.start(args, full_env, REPO, log_file), output, termination, log_file, port)
     with log_file.open("w") as fh:
