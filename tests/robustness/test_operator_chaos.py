@@ -54,12 +54,15 @@ class Chaos:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _cpu(self) -> float:
+        """CPU seconds of the operator now running (0 while there is none)."""
         proc = self.operator.proc
+        if proc is None:
+            return 0.0
         try:
-            times = psutil.Process(proc.pid).cpu_times() if proc is not None else None
+            times = psutil.Process(proc.pid).cpu_times()
         except psutil.Error:
             return 0.0
-        return times.user + times.system if times is not None else 0.0
+        return times.user + times.system
 
     def _live(self) -> bool:
         """Wait out one life of the operator; False once the chaos is stopped."""
