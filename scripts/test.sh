@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command of the README, and what CI runs: install what is missing, then the static
-# checks (ruff, mypy strict, import-linter, CRD freshness) and every test tier, one pytest run
+# The test command of the README, and what CI runs: install what is missing (exactly uv.lock),
+# then the static checks (the lock agrees with pyproject.toml, ruff, mypy strict, import-linter,
+# CRD freshness) and every test tier, one pytest run
 # per tier, each with its 25 slowest tests listed. It ends with a table of each step's time and
 # exits non-zero if any step failed (every step runs, so one failure does not hide another).
 #
@@ -92,6 +93,7 @@ lane_of() {  # lane_of TIER: the lane it runs in
 run_lane() {  # run_lane LANE: its steps, in the order of ALL_TIERS
   local lane=$1 tier
   if [[ $lane == main ]]; then
+    step main "one lock: pyproject.toml, uv.lock, requirements/" bash scripts/lock.sh --check
     step main "ruff" .venv/bin/ruff check .
     step main "mypy --strict" .venv/bin/mypy
     step main "import-linter" .venv/bin/lint-imports

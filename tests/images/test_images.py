@@ -10,12 +10,15 @@ AVX-512 instruction in them would kill a rank with SIGILL on GPU hosts without A
 
 Slow: the first run debootstraps Debian (~2 min). The trainer's dependency image (torch with
 its CUDA libraries, ~8 GB, 7-15 min) is kept in buildah's store under a hash of its inputs, so
-later runs build only the source layer (seconds) until pyproject.toml's requirements, the
-Dockerfile's deps stage or trainer_image/imagebuild/deps/ change; the output says which.
+later runs build only the source layer (seconds) until the locked requirements
+(requirements/<image>-image.txt, exported from uv.lock), the Dockerfile's deps stage or
+trainer_image/imagebuild/deps/ change; the output says which. Each image's installed packages
+are compared with the lock: the tests and the images run the same versions.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -27,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.factories import REPO_ROOT
+from tests.support.locked import differences, locked_pins
 
 SCRIPT = REPO_ROOT / "scripts" / "build-images.sh"
 # Upper bounds that catch an accident (torch in the operator image, a forgotten cache) without
@@ -100,13 +104,45 @@ def _image_bytes(build: Build, name: str) -> float:
     return _size_bytes(match.group(1))
 
 
-@pytest.mark.timeout(1200)
-def test_operator_image_builds_on_a_kept_or_new_dependency_image(tmp_path: Path) -> None:
+def _installed(build: Build) -> tuple[str, dict[str, str]]:
+    """The image's Python version and every distribution installed in it, name -> version."""
+    container = subprocess.run(
+        ["buildah", "from", "--quiet", build.image], capture_output=True, text=True, check=True
+    ).stdout.strip()
     try:
-        build = _build("operator", tmp_path)
+        listing = subprocess.run(
+            ["buildah", "run", "--isolation", "chroot", container, "--", "python3", "-c",
+             "import importlib.metadata as m, json, platform; print(json.dumps([platform.python_version(), "
+             "{d.metadata['Name']: d.version for d in m.distributions()}]))"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    finally:
+        subprocess.run(["buildah", "rm", container], capture_output=True, check=False)
+    python, installed = json.loads(listing.strip().splitlines()[-1])
+    return python, installed
+
+
+@pytest.fixture(scope="module")
+def operator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Build]:
+    try:
+        yield _build("operator", tmp_path_factory.mktemp("operator"))
     finally:
         _remove("localhost/finetune-operator:test")
-    assert _image_bytes(build, "operator") < MAX_BYTES["operator"], build.summary
+
+
+@pytest.mark.timeout(1200)
+def test_operator_image_builds_on_a_kept_or_new_dependency_image(operator: Build) -> None:
+    assert _image_bytes(operator, "operator") < MAX_BYTES["operator"], operator.summary
+
+
+@pytest.mark.timeout(1200)
+def test_operator_image_installs_exactly_the_lock(operator: Build) -> None:
+    python, installed = _installed(operator)
+    # The build stage removes its installer and build backend from the venv that ships.
+    wrong = differences(
+        locked_pins("operator", python), installed, extra_ok={"finetune-operator"}, missing_ok={"setuptools", "wheel"}
+    )
+    assert not wrong, "the operator image differs from uv.lock:\n" + "\n".join(wrong)
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +156,15 @@ def trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Build]:
 @pytest.mark.timeout(3600)
 def test_trainer_image_builds_on_a_kept_or_new_dependency_image(trainer: Build) -> None:
     assert _image_bytes(trainer, "trainer") < MAX_BYTES["trainer"], trainer.summary
+
+
+@pytest.mark.timeout(3600)
+def test_trainer_image_installs_exactly_the_lock(trainer: Build) -> None:
+    python, installed = _installed(trainer)
+    locked = locked_pins("trainer", python)
+    assert locked["torch"] == installed.get("torch"), "the trainer image must run the locked torch"
+    wrong = differences(locked, installed, extra_ok={"finetune-operator"}, missing_ok=set())
+    assert not wrong, "the trainer image differs from uv.lock:\n" + "\n".join(wrong)
 
 
 @pytest.mark.timeout(3600)

@@ -3,10 +3,12 @@
 Why: the trainer's experiment tracking is only worth testing against the server users run.
 The `mlflow` server package cannot share the project's virtual environment (its graphene
 dependency pins python-dateutil below the version the Kubernetes client needs, and pip would
-silently downgrade that client), so the server runs from a virtual environment of its own,
-made once per pinned version under the cache (`~/.cache/finetune-operator/mlflow/<version>`)
-while holding a file lock, so parallel test workers neither race nor install twice; pip's own
-cache keeps a rebuild cheap. The project's venv holds only the client (`mlflow-skinny`).
+silently downgrade that client), so the server runs from a virtual environment of its own. Its
+versions come from the one lock like everything else: the `mlflow-server` dependency group of
+uv.lock (a fork of its own), exported and installed with hashes. The venv is made once per
+export under the cache (`~/.cache/finetune-operator/mlflow/<hash of the export>`) while holding
+a file lock, so parallel test workers neither race nor install twice; uv's cache keeps a rebuild
+cheap. The project's venv holds only the client (`mlflow-skinny`, the same locked release).
 
 `MlflowServer` starts `mlflow server` with a sqlite backend store and a local artifact root
 (served through the server, `--serve-artifacts`, as pods would reach it), on 127.0.0.1 and a
@@ -17,6 +19,7 @@ port, the database and the artifacts: an outage, as a test sees it.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import signal
 import subprocess
@@ -28,20 +31,37 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from finetune_localcluster.binaries import cache_dir
+from finetune_localcluster.binaries import REPO_ROOT, cache_dir
 from finetune_localcluster.cluster import with_parent_death_signal
 from finetune_localcluster.ports import free_port
 
-MLFLOW_VERSION = "3.17.2"
-"""The server's version: the same release as the client (`mlflow-skinny`) the trainer uses."""
 INSTALL_TIMEOUT_S = 1800
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 10.0
 
 
-def server_venv(version: str = MLFLOW_VERSION) -> Path:
-    """The virtual environment holding `mlflow==version`, created on first use."""
-    root = cache_dir() / "mlflow" / version
+def locked_requirements() -> str:
+    """The `mlflow-server` group of uv.lock, exported in pip's format with hashes."""
+    return subprocess.run(
+        [_uv(), "export", "--frozen", "--only-group", "mlflow-server", "--no-emit-project", "--no-header", "--quiet"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+
+
+def _uv() -> str:
+    """The project venv's uv (locked in the dev group), else one on PATH."""
+    beside = Path(sys.prefix) / "bin" / "uv"
+    return str(beside) if beside.exists() else "uv"
+
+
+def server_venv() -> Path:
+    """The virtual environment holding the locked `mlflow` server, created on first use."""
+    requirements = locked_requirements()
+    root = cache_dir() / "mlflow" / hashlib.sha256(requirements.encode()).hexdigest()[:16]
     venv = root / "venv"
     ready = root / "ready"
     if ready.exists():
@@ -52,13 +72,16 @@ def server_venv(version: str = MLFLOW_VERSION) -> Path:
         if ready.exists():
             return venv
         started = time.monotonic()
-        print(f"finetune_localcluster: installing mlflow=={version} into {venv} (once)", file=sys.stderr, flush=True)
-        subprocess.run([_base_python(), "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
+        print(f"finetune_localcluster: installing the locked MLflow server into {venv} (once)", file=sys.stderr)
+        (root / "requirements.txt").write_text(requirements)
+        subprocess.run([_base_python(), "-m", "venv", "--clear", "--without-pip", str(venv)], check=True, timeout=300)
         subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", f"mlflow=={version}"],
+            # --no-config: the project's [tool.uv] settings are for its own venv, not this one.
+            [_uv(), "pip", "install", "--quiet", "--no-config", "--python", str(venv / "bin" / "python"), "--no-deps",
+             "--require-hashes", "--requirement", str(root / "requirements.txt")],
             check=True,
             timeout=INSTALL_TIMEOUT_S,
-        )
+        )  # fmt: skip
         ready.write_text(f"{time.monotonic() - started:.0f} s\n")
     return venv
 
@@ -72,10 +95,9 @@ def _base_python() -> str:
 class MlflowServer:
     """`mlflow server` on 127.0.0.1 with its store and artifacts under `workdir`."""
 
-    def __init__(self, workdir: Path | str, port: int | None = None, version: str = MLFLOW_VERSION) -> None:
+    def __init__(self, workdir: Path | str, port: int | None = None) -> None:
         self.workdir = Path(workdir)
         self.port = port or free_port()
-        self.version = version
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -87,7 +109,7 @@ class MlflowServer:
         return self.workdir / "mlflow-server.log"
 
     def start(self) -> Self:
-        venv = server_venv(self.version)
+        venv = server_venv()
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "artifacts").mkdir(exist_ok=True)
         argv = [
