@@ -5,9 +5,13 @@ on an H200, model creation included); `--dry-run` runs every case on a tiny mode
 bf16 (the trainer tier runs it: tests/trainer/test_gpu_acceptance_dry_run.py). Every case is the
 trainer's step: `modeling.load_model`, `loss.training_loss` (the chunked LM-head loss the
 planner counts), the DeepSpeed config the operator renders, the trainer's optimizer and
-scheduler, then a checkpoint saved and loaded back through `checkpoint.save`/`checkpoint.load`
-(the checkpoint column says FAILED when a save or load raises, or when the loaded trainable
-weights are not the saved ones).
+scheduler, on batches the trainer's own `collate` builds (right-padded rows of several lengths,
+or packed rows with their block-diagonal mask: `gpu_batches.real_batch`), then a checkpoint
+saved and loaded back through `checkpoint.save`/`checkpoint.load` and one more step after the
+load: the path of every resumed job (the checkpoint column says FAILED when a save, a load or
+that step raises, or when the loaded trainable weights are not the saved ones). The steps after
+the first are timed: tokens/s counts the batch's real (non-padding) tokens, and MFU divides
+their model FLOPs (`gpu_batches.flops_per_token`) by the card's dense bf16 peak.
 
 - (a) one random-init Llama-shaped model (1B layers, 128k vocabulary): full fine-tuning at
   ZeRO 0, 2 and 3, LoRA at ZeRO 0, 1 and 3, QLoRA (bitsandbytes nf4) at ZeRO 0 and 3, all bf16;
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import os
 import shutil
@@ -55,7 +60,7 @@ from typing import Any, TypeVar
 
 STARTED = time.monotonic()
 ROOT = Path(__file__).resolve().parents[1]
-for extra in ("operator", "trainer_image", "benchmarks/planner_gpu"):
+for extra in ("operator", "trainer_image", "benchmarks/planner_gpu", ""):
     sys.path.insert(0, str(ROOT / extra))
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
@@ -74,6 +79,8 @@ COLUMNS = (
     "planned step GiB",
     "measured step GiB",
     "step ratio",
+    "tokens/s",
+    "MFU",
     "checkpoint",
     "note",
 )
@@ -86,17 +93,19 @@ class Case:
     method: str
     stage: int
     ckpt: bool
+    packed: bool = False
 
     def label(self, shape: str, seq: int, micro: int) -> str:
-        return f"{shape} {self.method} ZeRO-{self.stage}{' ckpt' if self.ckpt else ''} mb={micro} seq={seq} bf16"
+        rows = "packed" if self.packed else "padded"
+        return f"{shape} {self.method} ZeRO-{self.stage}{' ckpt' if self.ckpt else ''} {rows} mb={micro} seq={seq} bf16"
 
 
 CASES = (  # most telling first: the budget cuts from the end
     Case("full", 0, True),
-    Case("lora", 0, True),
+    Case("lora", 0, True, packed=True),
     Case("qlora", 3, True),
-    Case("full", 3, True),
-    Case("qlora", 0, True),
+    Case("full", 3, True, packed=True),
+    Case("qlora", 0, True, packed=True),
     Case("lora", 3, False),
     Case("lora", 1, True),
     Case("full", 2, True),
@@ -183,6 +192,8 @@ class Measured:
     precision: str
     loss: str
     checkpoint: str
+    tokens_per_s: float | None = None
+    mfu: float | None = None
 
 
 @dataclass
@@ -195,6 +206,8 @@ class Row:
     measured: int | None = None
     checkpoint: str = "-"
     note: str = ""
+    tokens_per_s: float | None = None
+    mfu: float | None = None
 
     def cells(self) -> list[str]:
         def gib(value: int | None) -> str:
@@ -209,6 +222,8 @@ class Row:
             gib(self.planned),
             gib(self.measured),
             ratio,
+            f"{self.tokens_per_s:.0f}" if self.tokens_per_s else "-",
+            f"{self.mfu:.1%}" if self.mfu is not None else "-",
             self.checkpoint,
             self.note,
         ]
@@ -247,7 +262,14 @@ def llama_config(dims: dict[str, int], vocab: int) -> dict[str, Any]:
 
 
 def job_spec(
-    model_uri: str, method: str, stage: int | str, ckpt: bool, seq: int, micro: int | str, gpu_gib: int
+    model_uri: str,
+    method: str,
+    stage: int | str,
+    ckpt: bool,
+    seq: int,
+    micro: int | str,
+    gpu_gib: int,
+    packed: bool = False,
 ) -> Any:
     from finetune_operator.api.spec import FineTuneJobSpec
 
@@ -255,7 +277,7 @@ def job_spec(
     return FineTuneJobSpec.from_wire(
         {
             "model": {"uri": model_uri},
-            "dataset": {"uri": "builtin://reverse-words", "maxSeqLength": seq},
+            "dataset": {"uri": "builtin://reverse-words", "maxSeqLength": seq, "packing": packed},
             "method": {"type": method},
             "training": {
                 "microBatchSize": micro,
@@ -300,15 +322,24 @@ def trainable_fingerprint(engine: Any) -> float:
 
 
 def train(
-    model_dir: Path, spec: Any, plan: Any, steps: int, on_gpu: bool, ckpt_root: Path, card_bytes: int | None = None
+    model_dir: Path,
+    spec: Any,
+    plan: Any,
+    steps: int,
+    on_gpu: bool,
+    ckpt_root: Path,
+    card_bytes: int | None = None,
+    packed: bool = False,
 ) -> Measured:
-    """`steps` optimizer steps as the trainer takes them, then a checkpoint saved and loaded back.
+    """`steps` optimizer steps as the trainer takes them (the first untimed), then a checkpoint
+    saved and loaded back, and one more step.
 
     Run it in a process of its own (`isolated`): it joins a one-rank process group and, with
     `card_bytes`, caps this process's CUDA allocator at that many bytes (an emulated card)."""
     import deepspeed
     import torch
 
+    from benchmarks.gpu_batches import flops_per_token, parameter_count, peak_flops, real_batch
     from finetune_operator.api.pod_contract import CheckpointState
     from finetune_operator.api.spec import MethodType
     from finetune_operator.api.strategy import Strategy
@@ -334,20 +365,40 @@ def train(
         torch.cuda.synchronize()
         load_peak = int(torch.cuda.max_memory_allocated())
         torch.cuda.reset_peak_memory_stats()
-    vocab = int(model.config.vocab_size)
-    tokens = torch.randint(0, vocab, (plan.micro_batch_size, spec.dataset.max_seq_length), device=engine.device)
-    inputs = {"input_ids": tokens, "attention_mask": torch.ones_like(tokens), "labels": tokens}
+    batch = real_batch(int(model.config.vocab_size), spec.dataset.max_seq_length, plan.micro_batch_size, packed)
+    inputs = {k: v.to(engine.device) for k, v in batch.items() if hasattr(v, "to")}
 
-    def step() -> None:
+    def step() -> float:
+        loss = None
         for _ in range(plan.gradient_accumulation_steps):
-            engine.backward(loss_fn(engine, inputs))
+            loss = loss_fn(engine, inputs)
+            engine.backward(loss)
             engine.step()
+        return float(loss.detach()) if loss is not None else math.nan  # one read per step, as the trainer
 
-    for _ in range(steps):
+    step()  # the first step allocates the optimizer state and warms the kernels: not timed
+    if on_gpu:
+        torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(steps - 1):
         step()
     if on_gpu:
         torch.cuda.synchronize()
         step_peak = int(torch.cuda.max_memory_allocated())
+    tokens_per_s = mfu = None
+    if steps > 1:
+        elapsed = time.perf_counter() - began
+        tokens_per_s = batch["useful_tokens"] * plan.gradient_accumulation_steps * (steps - 1) / elapsed
+        config = model.config
+        per_token = flops_per_token(
+            parameter_count(engine.module),
+            int(config.num_hidden_layers),
+            int(config.hidden_size),
+            spec.dataset.max_seq_length,
+            base_trains=spec.method.type == MethodType.FULL,
+        )
+        peak = peak_flops(torch.cuda.get_device_name()) if on_gpu else None
+        mfu = tokens_per_s * per_token / peak if peak else None
     dist = SingleRank()
     strategy = Strategy.from_plan(plan, world_size=1)
     try:
@@ -374,13 +425,20 @@ def train(
             raise RuntimeError(f"loaded trainable weights differ from the saved ones ({restored!r} != {saved!r})")
         verified = "restore verified" if moved else "weights did not move after the save: restore unverified"
         outcome = f"saved+loaded {size / 2**20:.1f} MiB {time.perf_counter() - began:.0f}s, {verified}"
+        try:  # the first step of every resumed job: the loaded optimizer state must be usable
+            resumed_loss = step()
+        except Exception as exc:
+            raise RuntimeError(f"the step after the resume failed: {type(exc).__name__}: {exc}") from exc
+        if not math.isfinite(resumed_loss):
+            raise RuntimeError(f"the step after the resume gave a loss of {resumed_loss}")
+        outcome += ", a step after the resume ok"
     except Exception as exc:  # the peaks stand; the checkpoint column says what failed
         outcome = f"FAILED: {type(exc).__name__}: {str(exc)[:160]}"
     finally:
         shutil.rmtree(ckpt_root, ignore_errors=True)
         engine.destroy()
         torch.distributed.destroy_process_group()
-    return Measured(load_peak, step_peak, compute.precision, loss_fn.name, outcome)
+    return Measured(load_peak, step_peak, compute.precision, loss_fn.name, outcome, tokens_per_s, mfu)
 
 
 def run_row(row: Row, body: Callable[[], Measured], limit: int | None = None) -> Row:
@@ -393,6 +451,7 @@ def run_row(row: Row, body: Callable[[], Measured], limit: int | None = None) ->
         row.note = f"{'OOM' if failed.reason == str(OUT_OF_MEMORY) else 'failed'}: {failed.summary}"
         return row
     row.load, row.measured, row.checkpoint = measured.load_peak, measured.step_peak, measured.checkpoint
+    row.tokens_per_s, row.mfu = measured.tokens_per_s, measured.mfu
     row.note = f"ok {time.perf_counter() - started:.0f}s, {measured.precision}, loss: {measured.loss}"
     if limit is not None and measured.step_peak is not None and measured.load_peak is not None:
         row.note += f", peak {max(measured.step_peak, measured.load_peak) / limit:.0%} of the card"
@@ -425,7 +484,7 @@ class Sections:
 
     def __init__(self, work: Path, on_gpu: bool, budget: Budget, emit: Callable[[Row], None]) -> None:
         self.work, self.on_gpu, self.budget, self.emit = work, on_gpu, budget, emit
-        self.steps = 3 if on_gpu else 1
+        self.steps = 4 if on_gpu else 2  # the first is not timed
         self.checkpoints = work / "checkpoints"
         self.build_estimate = 60.0 if on_gpu else 5.0
         """Seconds to create and save a model before it has been timed once."""
@@ -455,11 +514,11 @@ class Sections:
                 continue
             if not self.budget.allows(f"a | {label}", longest):
                 continue
-            spec = job_spec(str(folder), case.method, case.stage, case.ckpt, seq, micro, 141)
+            spec = job_spec(str(folder), case.method, case.stage, case.ckpt, seq, micro, 141, case.packed)
             plan, planned, planned_load = planned_bytes(spec)
             began = time.monotonic()
             row = Row("a", label, planned_load, None, planned)
-            body = partial(train, folder, spec, plan, self.steps, self.on_gpu, self.checkpoints)
+            body = partial(train, folder, spec, plan, self.steps, self.on_gpu, self.checkpoints, packed=case.packed)
             self.emit(run_row(row, partial(isolated, body, self.on_gpu)))
             longest = max(longest, time.monotonic() - began)
 
@@ -484,7 +543,7 @@ class Sections:
                     continue
                 tiny_spec = job_spec(str(tiny), "lora", plan.zero_stage, plan.gradient_checkpointing, 64, 1, gib)
                 tiny_plan, _, _ = planned_bytes(tiny_spec)
-                body = partial(train, tiny, tiny_spec, tiny_plan, 1, False, self.checkpoints)
+                body = partial(train, tiny, tiny_spec, tiny_plan, 2, False, self.checkpoints)
                 self.emit(run_row(row, partial(isolated, body, False)))
                 longest = max(longest, time.monotonic() - began)
                 continue
@@ -494,7 +553,7 @@ class Sections:
                 continue
             limit = gib * GIB
             model_spec = job_spec(str(folder), "lora", "auto", True, 2048, "auto", gib)
-            body = partial(train, folder, model_spec, plan, 2, True, self.checkpoints, limit)
+            body = partial(train, folder, model_spec, plan, 3, True, self.checkpoints, limit)
             self.emit(run_row(row, partial(isolated, body, True), limit))
             longest = max(longest, time.monotonic() - began)
 

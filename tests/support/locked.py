@@ -54,7 +54,7 @@ def differences(
     locked: dict[str, str], installed: dict[str, str], extra_ok: set[str], missing_ok: set[str]
 ) -> list[str]:
     """What an installation does differently from the lock, one line each (empty when it matches)."""
-    found = {canonicalize_name(name): version for name, version in installed.items()}
+    found: dict[str, str] = {canonicalize_name(name): version for name, version in installed.items()}
     lines = [
         f"{name}: locked {version}, installed {found[name]}"
         for name, version in sorted(locked.items())

@@ -81,7 +81,7 @@ def chunked_cross_entropy_sum(
 ) -> torch.Tensor:
     """The summed cross entropy of `hidden @ weightᵀ` against `targets`, never holding more than a chunk."""
     size = chunk if chunk is not None else loss_chunk_tokens(weight.shape[0])
-    out: torch.Tensor = _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, max(1, size))
+    out: torch.Tensor = _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, max(1, size))  # type: ignore[no-untyped-call]
     return out
 
 

@@ -53,11 +53,11 @@ class TracedStep:
         return self.peak_bytes
 
 
-class LiveStorageBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class LiveStorageBytes(TorchDispatchMode):
     """Counts the bytes of every storage an op creates until that storage is freed."""
 
     def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self.live = 0
         self.peak = 0
         self._tracked: set[int] = set()

@@ -260,9 +260,9 @@ class CommMetrics:
         def on_stream(body: Callable[[], Any]) -> None:
             start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            start.record()
+            start.record()  # type: ignore[no-untyped-call]
             body()
-            end.record()
+            end.record()  # type: ignore[no-untyped-call]
             with self._lock:
                 self._pending.append(_Pending(op, start, end))
 
