@@ -5,8 +5,9 @@ each ZeRO stage with full fine-tuning and LoRA/QLoRA, on padded and packed rows 
 own collate, (b) a planned strategy for each emulated card, (c) the OutOfMemory root cause.
 Every case trains with the chunked LM-head loss (the one the planner counts), saves and loads a
 checkpoint through the trainer's checkpoint module and takes a step after the load (the resume
-path), and reports its tokens/s; the time budget cuts the table instead of overrunning it. Each case runs in a process of
-its own (`isolated`), so what one case leaves allocated cannot count in the next one's peaks.
+path), and reports its tokens/s; the time budget cuts the table instead of overrunning it.
+Each case runs in a process of its own (`isolated`), so what one case leaves allocated cannot
+count in the next one's peaks.
 """
 
 from __future__ import annotations
