@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Packs what a bare GPU host (Python 3.12 with torch, transformers and numpy, nothing of ours)
-# needs to run benchmarks/gpu_acceptance.py, into .gpu-bundle/ (git-ignored):
+# needs to run benchmarks/gpu_acceptance.py, into .gpu-bundle/ (git-ignored). The packages come
+# from this checkout's venv, which scripts/bootstrap.sh syncs to uv.lock; the host's own torch
+# (and its CUDA line) is the one thing not locked, and run.sh prints it beside the locked one:
 #   site.tgz   the pure-Python packages at this checkout's locked versions (DeepSpeed, peft,
 #              transformers, bitsandbytes with its CUDA 13 libraries only, pydantic, ...)
 #   *.whl      cp312 wheels of the compiled ones (pydantic-core, regex, kernels)
@@ -32,6 +34,7 @@ done
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d "$OUTDIR" "${pins[@]}"
+$PY -c "import importlib.metadata as m; print(' | '.join(f'{p} {m.version(p)}' for p in ('torch', 'deepspeed', 'transformers', 'peft', 'bitsandbytes')))" >"$OUTDIR/locked.txt"
 cat >"$OUTDIR/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Run from the checkout's root on the GPU host; BUDGET (seconds, default 360) goes to --budget-seconds.
@@ -43,6 +46,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_T
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import sys, importlib.metadata as m; print(sys.version.split()[0], *[f'{p} {m.version(p)}' for p in ('torch','deepspeed','transformers','peft','bitsandbytes')], sep=' | ')"
+  echo "locked: $(cat .gpu-bundle/locked.txt)"
   echo "== acceptance"
   timeout 430 python3 benchmarks/gpu_acceptance.py --budget-seconds "${BUDGET:-360}" --work-dir /tmp
   echo "acceptance rc=$?"
