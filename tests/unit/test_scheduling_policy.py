@@ -71,3 +71,24 @@ def test_the_operator_fails_such_a_job_as_invalid_before_planning(policy: Schedu
         plan_or_fail(_spec(priorityClassName="system-node-critical"), None, policy)
     assert failed.value.reason == "InvalidSpec" and "spec.resources.priorityClassName" in str(failed.value)
     assert plan_or_fail(_spec(), None, policy).zero_stage in (0, 1, 2, 3)
+
+
+TOKEN_VOLUME = {
+    "name": "vault-token",
+    "projected": {"sources": [{"configMap": {"name": "ca"}}, {"serviceAccountToken": {"path": "token"}}]},
+}
+
+
+def test_a_projected_service_account_token_is_refused_unless_the_installation_allows_it() -> None:
+    spec = make_job(
+        objectStorage={"serviceAccountName": "trainer"},
+        podTemplate={"volumes": [{"name": "scratch2", "emptyDir": {}}, TOKEN_VOLUME],
+                     "volumeMounts": [{"name": "vault-token", "mountPath": "/var/run/vault"}]},
+    ).spec  # fmt: skip
+    (line,) = SchedulingPolicy().problems(spec)
+    assert line.startswith("spec.podTemplate.volumes[1].projected.sources[1].serviceAccountToken: ")
+    assert "apiserver token" in line and "operator.policy.allowServiceAccountTokenVolumes" in line
+    with pytest.raises(PlanFailed) as failed:
+        plan_or_fail(spec, None, SchedulingPolicy())
+    assert failed.value.reason == "InvalidSpec" and "serviceAccountToken" in str(failed.value)
+    assert SchedulingPolicy(token_volumes=True).problems(spec) == []

@@ -147,6 +147,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let jobs tolerate every taint (a toleration without a key and operator Exists)",
     )
+    parser.add_argument(
+        "--allow-service-account-token-volumes",
+        action="store_true",
+        help="let jobs mount a projected serviceAccountToken volume (spec.podTemplate.volumes), which gives their "
+        "pods an apiserver token",
+    )
     parser.add_argument("--verbose", action="store_true")
 
 
@@ -225,6 +231,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         priority_classes=tuple(args.allowed_priority_class),
         toleration_keys=tuple(args.allowed_toleration_key),
         tolerate_everything=args.allow_tolerate_all,
+        token_volumes=args.allow_service_account_token_volumes,
     )
     reconciler = Reconciler(KubernetesClusterIO(), options, post_event, policy, hub)
     settings = HandlerSettings(interval_seconds=args.interval, max_workers=args.workers, kueue=args.kueue)
