@@ -40,7 +40,7 @@ from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.strategy import Strategy
 
 from . import checkpoint, universal
-from .objstore import ObjectStore, S3Uri, StoreError, StoreNotFound, store_for
+from .objstore import ObjectStore, S3Uri, StoreError, StoreNotFound, confined, store_for
 from .paths import CHECKPOINTS, COMPLETION_MARKER
 from .portable import TRAINABLE_FILE
 
@@ -270,8 +270,13 @@ class S3Output:
         name = checkpoint.step_dir_name(manifest.step)
         wanted = needed_files(list(manifest.files), state.checkpoint_format, self.node_ranks, whole=convert)
         staging = ckpt_root / f"{checkpoint.TMP_PREFIX}{name}"
-        for rel in wanted:
-            self.store.download(self.checkpoints.child(f"{name}/{rel}"), staging / rel)
+        local = {rel: confined(staging, rel) for rel in wanted}  # the manifest is the bucket's text
+        outside = sorted(rel for rel, path in local.items() if path is None)
+        if outside:
+            raise StoreError(f"{self.checkpoints}/{name}/manifest.json names {outside[0]!r}, outside the checkpoint")
+        for rel, path in local.items():
+            assert path is not None
+            self.store.download(self.checkpoints.child(f"{name}/{rel}"), path)
         (staging / checkpoint.STATE_FILE).write_text(manifest.state)
         staging.rename(ckpt_root / name)
         log.warning(
