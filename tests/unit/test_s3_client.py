@@ -419,3 +419,30 @@ def test_a_manifest_cannot_name_a_file_outside_the_checkpoint(tmp_path: Path, pl
     with pytest.raises(StoreError, match=f"names {re.escape(repr(planted))}, outside the checkpoint"):
         out.stage_newest(staged, strategy)
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_the_tracking_journal_and_event_files_reach_the_bucket_at_each_commit(tmp_path: Path) -> None:
+    """With output on s3:// the journal and TensorBoard's event files live on the pod's scratch: each
+    commit copies them beside the checkpoints, and a file that grew is sent again."""
+    from finetune_trainer import s3_checkpoints
+    from finetune_trainer.s3_checkpoints import S3Output
+
+    memory = MemoryStore()
+    out = S3Output(memory, S3Uri("b", "job"), OneRank(), local_rank=0, local_size=1)  # type: ignore[arg-type]  # a MemoryStore for the ObjectStore
+    scratch = tmp_path / "output"
+    journal = scratch / "tracking" / "records.jsonl"
+    events = scratch / "tensorboard" / "events.out.tfevents.1.pod-0"
+    for path in (journal, events):
+        path.parent.mkdir(parents=True)
+    journal.write_text('{"step": 4}\n')
+    events.write_bytes(b"e" * 4)
+    saved(scratch / "checkpoints", 4)
+    out.publish(scratch / "checkpoints", 4, keep=1)
+    assert memory.objects["job/tracking/records.jsonl"] == b'{"step": 4}\n'
+    assert memory.objects["job/tensorboard/events.out.tfevents.1.pod-0"] == b"eeee"
+    with journal.open("a") as grown:
+        grown.write('{"step": 8}\n')
+    assert s3_checkpoints.upload_tracking(memory, S3Uri("b", "job"), scratch) == 2  # type: ignore[arg-type]  # a MemoryStore
+    assert memory.objects["job/tracking/records.jsonl"].count(b"step") == 2
+    memory.down = True  # tracking never fails training: a dead store is a warning
+    assert s3_checkpoints.upload_tracking(memory, S3Uri("b", "job"), scratch) == 0  # type: ignore[arg-type]  # a MemoryStore
