@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from finetune_trainer import s3_inputs
-from finetune_trainer.objstore import Connection, S3Uri
+from finetune_trainer.objstore import Connection, ObjectStore, S3Uri
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,6 +44,10 @@ class ListedStore:
         os.replace(part, path)
 
 
+def store(listing: dict[str, int]) -> ObjectStore:
+    return ListedStore(listing)  # type: ignore[return-value]  # the two calls mirror makes
+
+
 def hostile_keys(outside: Path) -> list[str]:
     keys = {"data/" + "/".join(parts) for n in range(1, 5) for parts in itertools.product(SEGMENTS, repeat=n)}
     keys |= {f"data/{'../' * up}{where}" for up in range(1, 5) for where in ("out/adapter", "x", "mnt/pvc/y")}
@@ -65,8 +69,8 @@ def test_no_listed_key_writes_outside_the_mirror(tmp_path: Path) -> None:
     for key in keys:
         before = files_under(tmp_path)
         try:
-            s3_inputs.mirror(ListedStore({"data/ok.json": 2, key: 3}), uri, {"data/ok.json": 2, key: 3}, target,
-                             mirror_root)  # fmt: skip
+            listing = {"data/ok.json": 2, key: 3}
+            s3_inputs.mirror(store(listing), uri, listing, target, mirror_root)
         except s3_inputs.UnsafeObjectKey as exc:
             assert repr(key) in str(exc) and "outside" in str(exc)
             assert files_under(tmp_path) == before, f"{key!r} was refused after a write"
@@ -91,5 +95,5 @@ def test_an_escaping_key_fails_the_whole_input_before_any_download(tmp_path: Pat
     target = tmp_path / "mirror" / "bucket" / "data"
     listing = {"data/a.json": 1, "data/../../../outside": 1, "data/z.json": 1}
     with pytest.raises(s3_inputs.UnsafeObjectKey, match=r"'data/\.\./\.\./\.\./outside'"):
-        s3_inputs.mirror(ListedStore(listing), uri, listing, target, tmp_path / "mirror")
+        s3_inputs.mirror(store(listing), uri, listing, target, tmp_path / "mirror")
     assert files_under(tmp_path) == set()
