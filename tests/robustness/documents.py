@@ -79,7 +79,26 @@ PATHS: list[tuple[str, ...]] = [
     ("spec", "queueName"),
     ("spec", "failurePolicy", "backoffLimit"),
     ("spec", "activeDeadlineSeconds"),
+    ("spec", "model", "tokenizer"),
+    ("spec", "model", "cache"),
+    ("spec", "model", "cache", "claimName"),
+    ("spec", "hfTokenSecretRef"),
+    ("spec", "hfTokenSecretRef", "key"),
+    ("spec", "objectStorage"),
+    ("spec", "objectStorage", "endpoint"),
+    ("spec", "objectStorage", "region"),
+    ("spec", "objectStorage", "credentials", "secretName"),
+    ("spec", "objectStorage", "credentials", "accessKeyIdKey"),
+    ("spec", "objectStorage", "serviceAccountName"),
+    ("spec", "objectStorage", "caBundle"),
+    ("spec", "tracking"),
+    ("spec", "tracking", "mlflow", "trackingUri"),
+    ("spec", "tracking", "mlflow", "experiment"),
+    ("spec", "tracking", "mlflow", "secretRef", "tokenKey"),
+    ("spec", "tracking", "tensorboard", "enabled"),
 ]
+"""Every field a tenant writes, including those added since the generator was first written:
+object storage, tracking, model sources (tokenizer, cache, hub token) and the queue."""
 
 
 def _deep(depth: int) -> Any:
@@ -103,6 +122,18 @@ def _value(rng: random.Random) -> Any:
         [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}], [{"operator": "Exists"}],
         [{"name": "FOO", "value": "bar"}], [{"name": "DS_ACCELERATOR", "value": "cuda"}],
         [{"name": "1BAD", "value": "x"}], _deep(20), _deep(70),
+        # object storage, tracking, model sources, queues
+        "s3://bucket/", "s3://bucket//", "s3://bucket/a//b", "s3://a..b/x", "s3://192.168.1.1/x",
+        "s3://xn--b/x", "s3://sthree-b/x", "s3://b-s3alias/x", "s3://b--ol-s3/x", "s3://models/tiny",
+        "org/model@main", "org/model@a..b", "..", "..x", ".x", ".", "token", "us-east-1", "US_EAST",
+        "http://127.0.0.1:8333", "http://s3:99999", "http://s3:0", "https://u:p@mlflow", "https://mlflow/x",
+        "\x85lead", "\xa0lead", "\x0blead", "trail ", "team exp", "/a\x0bb", "pvc://out/\x85",
+        {"credentials": {"secretName": "s3-keys"}}, {"serviceAccountName": "trainer"},
+        {"credentials": {"secretName": "k"}, "serviceAccountName": "sa"}, {"name": "ca", "key": "ca.crt"},
+        {"name": "hf", "key": ".."}, {"name": "hf", "key": "token"}, {"size": "20Gi"}, {"size": "20Gi "},
+        {"mlflow": {"trackingUri": "http://mlflow:5000"}}, {"tensorboard": {"enabled": True}},
+        [{"name": "HF_ENDPOINT", "value": "https://hf-mirror.example.com"}],
+        [{"name": "HF_ENDPOINT", "value": "hf-mirror.example.com"}],
     ]  # fmt: skip
     return copy.deepcopy(rng.choice(pool))
 
@@ -137,7 +168,8 @@ def _mutate(doc: dict[str, Any], rng: random.Random) -> str:
         _delete(doc, path)
         return f"delete {'.'.join(path)}"
     if kind == "unknown":
-        section = rng.choice(["spec", "spec.training", "spec.model", "spec.resources"])
+        section = rng.choice(["spec", "spec.training", "spec.model", "spec.resources", "spec.objectStorage",
+                              "spec.tracking.mlflow"])  # fmt: skip
         node = doc
         for key in section.split("."):
             node = node.setdefault(key, {}) if isinstance(node, dict) else {}
