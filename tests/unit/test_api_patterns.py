@@ -92,3 +92,14 @@ def test_the_hf_endpoint_rule_reads_alike_in_cel_and_python() -> None:
 def test_every_spec_pattern_has_a_message_in_words() -> None:
     raw = [(where, p) for where, p in crd_patterns() if where.startswith(".spec") and p not in PATTERN_HINTS]
     assert raw == []
+
+
+def test_the_rules_python_checks_read_their_cel_patterns_as_re2_does() -> None:
+    from finetune_operator.api.object_storage import FORBIDDEN_BUCKET
+    from finetune_operator.api.spec import DOT_DOT_SEGMENT, PINNED_HUB_ID, has_dot_dot
+
+    uris = [*probes(), "a/..", "a/..\n", "../x", "s3://a..b/x", "s3://1.2.3.4/x", "s3://xn--a/x", "s3://b.mrap/x"]
+    for value in uris:
+        assert has_dot_dot(value) == (re2.search(DOT_DOT_SEGMENT, value) is not None), repr(value)
+        for pattern in (PINNED_HUB_ID, FORBIDDEN_BUCKET):
+            assert (re.search(pattern, value) is None) == (re2.search(pattern, value) is None), repr(value)
