@@ -6,9 +6,11 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import sys
 import threading
 
+from ..api.base import HTTP_URL_HINT, HTTP_URL_PATTERN
 from ..api.object_storage import ObjectStorageSpec
 from ..api.tracking import tracking_uri_problem
 
@@ -195,6 +197,8 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     problem = tracking_uri_problem(args.default_tracking_uri)
     if problem:
         raise SystemExit(f"ftjob operator: --default-tracking-uri: {problem}")
+    if args.hub_endpoint and not re.fullmatch(HTTP_URL_PATTERN, args.hub_endpoint):
+        raise SystemExit(f"ftjob operator: --hub-endpoint: invalid value {args.hub_endpoint!r}: {HTTP_URL_HINT}")
     import kopf
     from prometheus_client import start_http_server
 
