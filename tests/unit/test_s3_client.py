@@ -442,7 +442,9 @@ def test_the_tracking_journal_and_event_files_reach_the_bucket_at_each_commit(tm
     assert memory.objects["job/tensorboard/events.out.tfevents.1.pod-0"] == b"eeee"
     with journal.open("a") as grown:
         grown.write('{"step": 8}\n')
-    assert s3_checkpoints.upload_tracking(memory, S3Uri("b", "job"), scratch) == 2  # type: ignore[arg-type]  # a MemoryStore
+    saved(scratch / "checkpoints", 8)
+    out.publish(scratch / "checkpoints", 8, keep=1)
     assert memory.objects["job/tracking/records.jsonl"].count(b"step") == 2
+    assert s3_checkpoints.upload_tracking(memory, S3Uri("b", "job"), scratch) == 2  # type: ignore[arg-type]  # a MemoryStore
     memory.down = True  # tracking never fails training: a dead store is a warning
     assert s3_checkpoints.upload_tracking(memory, S3Uri("b", "job"), scratch) == 0  # type: ignore[arg-type]  # a MemoryStore

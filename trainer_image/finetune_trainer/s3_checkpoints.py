@@ -167,6 +167,7 @@ class S3Output:
     ) -> None:
         self.store, self.root, self.dist = store, root, dist
         self.checkpoints = root.child(CHECKPOINTS)
+        self._tracking_sent: dict[Path, tuple[int, int]] = {}
         self.leader = local_rank == 0
         first = dist.rank - local_rank
         self.node_ranks = range(first, first + local_size)
@@ -225,7 +226,7 @@ class S3Output:
         if self.leader:  # committed: the scratch holds no checkpoint until the next save
             _empty(ckpt_root)
         if self.dist.rank == 0:
-            upload_tracking(self.store, self.root, ckpt_root.parent)
+            upload_tracking(self.store, self.root, ckpt_root.parent, self._tracking_sent)
         return str(prefix)
 
     def _intact(self) -> str:
@@ -323,16 +324,23 @@ class S3Output:
         return uris
 
 
-def upload_tracking(store: ObjectStore, root: S3Uri, out: Path) -> int:
+def upload_tracking(
+    store: ObjectStore, root: S3Uri, out: Path, known: dict[Path, tuple[int, int]] | None = None
+) -> int:
     """Copy the tracking journal and TensorBoard's event files from the scratch `out` to the
-    output prefix `root` (each file whole; a file that grew is sent again). Returns the files
-    sent; a failure is logged, never raised: tracking never fails training."""
+    output prefix `root`, each file whole; with `known` (file -> size and mtime when sent), only
+    files new or changed since. Returns the files sent; a failure is logged, never raised: tracking
+    never fails training."""
+    known = {} if known is None else known
     sent = 0
     try:
         for folder in (out / name for name in TRACKING_FOLDERS):
             for path in sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []:
-                store.upload(path, root.child(path.relative_to(out).as_posix()))
-                sent += 1
+                stat = path.stat()
+                if known.get(path) != (stat.st_size, stat.st_mtime_ns):
+                    store.upload(path, root.child(path.relative_to(out).as_posix()))
+                    known[path] = (stat.st_size, stat.st_mtime_ns)
+                    sent += 1
     except (StoreError, OSError) as exc:
         log.warning("tracking files not copied to %s: %s", root, str(exc)[:300])
     return sent
