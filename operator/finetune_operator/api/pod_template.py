@@ -57,7 +57,7 @@ def token_volume_fields(overlay: PodTemplateOverlay | None) -> list[str]:
     whether that is allowed (`SchedulingPolicy`): the volumes are free-form, which the
     apiserver's CEL cannot look into."""
     found = []
-    for i, volume in enumerate(overlay.volumes or [] if overlay else []):
+    for i, volume in enumerate((overlay.volumes or []) if overlay else []):
         projected = volume.get("projected")
         sources = projected.get("sources") if isinstance(projected, dict) else None
         for j, source in enumerate(sources if isinstance(sources, list) else []):
