@@ -156,11 +156,32 @@ def _delete(doc: dict[str, Any], path: tuple[str, ...]) -> None:
     node.pop(path[-1], None)
 
 
+_SPACES = ["\x85", "\xa0", "\x0b", "\x0c", "\u2028", " ", "\t"]
+r"""Characters Go's RE2 and Python's `re` once disagreed on (`\s`, `\S`)."""
+_S3 = {"credentials": {"secretName": "s3-keys"}}
+TARGETED: dict[tuple[str, ...], list[Any]] = {
+    ("spec", "tracking", "mlflow", "experiment"): ["team a", *(c + "lead" for c in _SPACES), "trail\xa0"],
+    ("spec", "tracking", "mlflow", "trackingUri"): ["http://mlflow:5000/x", "http://m:65535", "http://m:65536",
+                                                    "http://m/a\x0bb", "http://m/a\x85b"],
+    ("spec", "output", "uri"): ["s3://runs/job", "s3://runs//", "s3://a..b/x", "s3://xn--a/x", "s3://b--x-s3/y",
+                                "pvc://out/a\x0bb", "pvc://out/a\x85b", "/out/\xa0"],
+    ("spec", "model", "revision"): ["main", "v1.0", "a..b", "v1.", "refs/pr/1"],
+    ("spec", "image"): ["ghcr.io/x/y:1", "x\x0by", "x\x85y"],
+    ("spec", "hfTokenSecretRef", "key"): ["token", ".x", ".", "..", "..x"],
+    ("spec", "objectStorage", "endpoint"): ["http://s3:8333", "http://s3:99999", "http://s3:0"],
+    ("spec", "queueName"): ["team-a", "Team_A"],
+    ("spec", "objectStorage"): [_S3, {"serviceAccountName": "trainer"}, {**_S3, "region": "eu-west-1"}],
+}  # fmt: skip
+"""Values chosen per field, so that the fields added since the generator was written meet their
+boundary cases in most documents rather than by chance."""
+
+
 def _mutate(doc: dict[str, Any], rng: random.Random) -> str:
-    kind = rng.choices(["set", "delete", "unknown", "label", "annotation"], weights=[70, 12, 6, 8, 4])[0]
-    if kind == "set":
-        path = rng.choice(PATHS)
-        value = _value(rng)
+    kinds = ["set", "targeted", "delete", "unknown", "label", "annotation"]
+    kind = rng.choices(kinds, weights=[55, 25, 10, 4, 4, 2])[0]
+    if kind in ("set", "targeted"):
+        path = rng.choice(PATHS) if kind == "set" else rng.choice(list(TARGETED))
+        value = _value(rng) if kind == "set" else copy.deepcopy(rng.choice(TARGETED[path]))
         _set(doc, path, value)
         return f"{'.'.join(path)}={value!r:.60}"
     if kind == "delete":
