@@ -2,7 +2,8 @@
 
 It applies the generated CRD the way kube-apiserver does: nulls of non-nullable
 fields are pruned, the structural OpenAPI schema is checked (translated to JSON Schema
-for `jsonschema`), and every non-transition CEL rule is evaluated with cel-python.
+for `jsonschema`, with `pattern` read by RE2 as Go's apiserver reads it, not by Python's `re`),
+and every non-transition CEL rule is evaluated with cel-python (whose `matches()` is RE2 too).
 The cluster tier checks the same documents against the real apiserver; this one lets
 hypothesis compare pydantic and the schema on thousands of documents in seconds.
 """
@@ -14,6 +15,7 @@ from typing import Any
 
 import celpy
 import jsonschema  # type: ignore[import-untyped]
+import re2  # type: ignore[import-untyped]  # google-re2: no stubs
 from celpy.adapter import json_to_cel
 
 from finetune_operator.api.crdgen import build_crd
@@ -100,6 +102,15 @@ def cel_failures(doc: Any, schema: dict[str, Any], path: str = "") -> list[str]:
     return failures
 
 
+def _re2_pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]) -> Any:
+    """JSON Schema's `pattern` as the apiserver applies it: RE2, searched (Go's regexp.MatchString)."""
+    if validator.is_type(instance, "string") and re2.search(pattern, instance) is None:
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_VALIDATOR = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _re2_pattern})
+
+
 class ApiserverEmulation:
     """Validates a manifest as the apiserver would on create."""
 
@@ -107,7 +118,7 @@ class ApiserverEmulation:
         self.openapi = openapi_schema()
         schema = to_json_schema(self.openapi)
         schema["properties"]["metadata"].pop("additionalProperties")  # ObjectMeta is the apiserver's own
-        self.validator = jsonschema.Draft202012Validator(schema)
+        self.validator = _VALIDATOR(schema)
 
     def problems(self, document: dict[str, Any]) -> list[str]:
         doc = prune_nulls(copy.deepcopy(document), self.openapi)

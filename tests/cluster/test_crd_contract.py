@@ -236,3 +236,34 @@ def test_models_and_apiserver_agree_on_a_generated_corpus(
         assert (job is not None) == accepted, f"pydantic: {lines or 'accepted'}; apiserver: {message or 'accepted'}"
         agreed += 1
     assert agreed >= 20
+
+
+_S3 = {"objectStorage": {"credentials": {"secretName": "s3-keys"}}}
+HOSTILE_VALUES: list[tuple[str, dict[str, Any]]] = [
+    ("experiment after U+0085", {"tracking": {"mlflow": {"experiment": "\x85lead"}}}),
+    ("experiment after NBSP", {"tracking": {"mlflow": {"experiment": "\xa0lead"}}}),
+    ("experiment after a vertical tab", {"tracking": {"mlflow": {"experiment": "\x0blead"}}}),
+    ("path with a vertical tab", {"output": {"uri": "pvc://out/a\x0bb"}}),
+    ("image with U+0085", {"image": "ghcr.io/x\x85y"}),
+    ("Secret key ..", {"hfTokenSecretRef": {"name": "hf", "key": ".."}}),
+    ("Secret key ..x", {"hfTokenSecretRef": {"name": "hf", "key": "..x"}}),
+    ("empty key segment", {**_S3, "output": {"uri": "s3://runs//"}}),
+    ("bucket a..b", {**_S3, "output": {"uri": "s3://a..b/x"}}),
+    ("bucket in IP form", {**_S3, "output": {"uri": "s3://10.1.2.3/x"}}),
+    ("bucket xn--", {**_S3, "output": {"uri": "s3://xn--b/x"}}),
+    ("bucket --ol-s3", {**_S3, "output": {"uri": "s3://b--ol-s3/x"}}),
+    ("endpoint port 99999", {"objectStorage": {"endpoint": "http://s3:99999"}}),
+    ("revision a..b", {"model": {"uri": "org/model", "revision": "a..b", "architecture": "meta-llama/Llama-3.1-8B"}}),
+    ("HF_ENDPOINT without a scheme", {"env": [{"name": "HF_ENDPOINT", "value": "hf-mirror.example.com"}]}),
+]
+
+
+@pytest.mark.parametrize(("what", "spec"), HOSTILE_VALUES, ids=[w for w, _ in HOSTILE_VALUES])
+def test_the_apiserver_refuses_at_apply_what_validate_refuses(
+    crd: dict[str, Any], kube: Kube, namespace: str, what: str, spec: dict[str, Any]
+) -> None:
+    doc = job_document(**spec)
+    job, lines = parse_job(doc)
+    assert job is None and lines, what
+    with pytest.raises(KubeError):
+        create(kube, namespace, doc, dry_run=True)

@@ -79,7 +79,26 @@ PATHS: list[tuple[str, ...]] = [
     ("spec", "queueName"),
     ("spec", "failurePolicy", "backoffLimit"),
     ("spec", "activeDeadlineSeconds"),
+    ("spec", "model", "tokenizer"),
+    ("spec", "model", "cache"),
+    ("spec", "model", "cache", "claimName"),
+    ("spec", "hfTokenSecretRef"),
+    ("spec", "hfTokenSecretRef", "key"),
+    ("spec", "objectStorage"),
+    ("spec", "objectStorage", "endpoint"),
+    ("spec", "objectStorage", "region"),
+    ("spec", "objectStorage", "credentials", "secretName"),
+    ("spec", "objectStorage", "credentials", "accessKeyIdKey"),
+    ("spec", "objectStorage", "serviceAccountName"),
+    ("spec", "objectStorage", "caBundle"),
+    ("spec", "tracking"),
+    ("spec", "tracking", "mlflow", "trackingUri"),
+    ("spec", "tracking", "mlflow", "experiment"),
+    ("spec", "tracking", "mlflow", "secretRef", "tokenKey"),
+    ("spec", "tracking", "tensorboard", "enabled"),
 ]
+"""Every field a tenant writes, including those added since the generator was first written:
+object storage, tracking, model sources (tokenizer, cache, hub token) and the queue."""
 
 
 def _deep(depth: int) -> Any:
@@ -103,6 +122,18 @@ def _value(rng: random.Random) -> Any:
         [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}], [{"operator": "Exists"}],
         [{"name": "FOO", "value": "bar"}], [{"name": "DS_ACCELERATOR", "value": "cuda"}],
         [{"name": "1BAD", "value": "x"}], _deep(20), _deep(70),
+        # object storage, tracking, model sources, queues
+        "s3://bucket/", "s3://bucket//", "s3://bucket/a//b", "s3://a..b/x", "s3://192.168.1.1/x",
+        "s3://xn--b/x", "s3://sthree-b/x", "s3://b-s3alias/x", "s3://b--ol-s3/x", "s3://models/tiny",
+        "org/model@main", "org/model@a..b", "..", "..x", ".x", ".", "token", "us-east-1", "US_EAST",
+        "http://127.0.0.1:8333", "http://s3:99999", "http://s3:0", "https://u:p@mlflow", "https://mlflow/x",
+        "\x85lead", "\xa0lead", "\x0blead", "trail ", "team exp", "/a\x0bb", "pvc://out/\x85",
+        {"credentials": {"secretName": "s3-keys"}}, {"serviceAccountName": "trainer"},
+        {"credentials": {"secretName": "k"}, "serviceAccountName": "sa"}, {"name": "ca", "key": "ca.crt"},
+        {"name": "hf", "key": ".."}, {"name": "hf", "key": "token"}, {"size": "20Gi"}, {"size": "20Gi "},
+        {"mlflow": {"trackingUri": "http://mlflow:5000"}}, {"tensorboard": {"enabled": True}},
+        [{"name": "HF_ENDPOINT", "value": "https://hf-mirror.example.com"}],
+        [{"name": "HF_ENDPOINT", "value": "hf-mirror.example.com"}],
     ]  # fmt: skip
     return copy.deepcopy(rng.choice(pool))
 
@@ -125,11 +156,32 @@ def _delete(doc: dict[str, Any], path: tuple[str, ...]) -> None:
     node.pop(path[-1], None)
 
 
+_SPACES = ["\x85", "\xa0", "\x0b", "\x0c", "\u2028", " ", "\t"]
+r"""Characters Go's RE2 and Python's `re` once disagreed on (`\s`, `\S`)."""
+_S3 = {"credentials": {"secretName": "s3-keys"}}
+TARGETED: dict[tuple[str, ...], list[Any]] = {
+    ("spec", "tracking", "mlflow", "experiment"): ["team a", *(c + "lead" for c in _SPACES), "trail\xa0"],
+    ("spec", "tracking", "mlflow", "trackingUri"): ["http://mlflow:5000/x", "http://m:65535", "http://m:65536",
+                                                    "http://m/a\x0bb", "http://m/a\x85b"],
+    ("spec", "output", "uri"): ["s3://runs/job", "s3://runs//", "s3://a..b/x", "s3://xn--a/x", "s3://b--x-s3/y",
+                                "pvc://out/a\x0bb", "pvc://out/a\x85b", "/out/\xa0"],
+    ("spec", "model", "revision"): ["main", "v1.0", "a..b", "v1.", "refs/pr/1"],
+    ("spec", "image"): ["ghcr.io/x/y:1", "x\x0by", "x\x85y"],
+    ("spec", "hfTokenSecretRef", "key"): ["token", ".x", ".", "..", "..x"],
+    ("spec", "objectStorage", "endpoint"): ["http://s3:8333", "http://s3:99999", "http://s3:0"],
+    ("spec", "queueName"): ["team-a", "Team_A"],
+    ("spec", "objectStorage"): [_S3, {"serviceAccountName": "trainer"}, {**_S3, "region": "eu-west-1"}],
+}  # fmt: skip
+"""Values chosen per field, so that the fields added since the generator was written meet their
+boundary cases in most documents rather than by chance."""
+
+
 def _mutate(doc: dict[str, Any], rng: random.Random) -> str:
-    kind = rng.choices(["set", "delete", "unknown", "label", "annotation"], weights=[70, 12, 6, 8, 4])[0]
-    if kind == "set":
-        path = rng.choice(PATHS)
-        value = _value(rng)
+    kinds = ["set", "targeted", "delete", "unknown", "label", "annotation"]
+    kind = rng.choices(kinds, weights=[55, 25, 10, 4, 4, 2])[0]
+    if kind in ("set", "targeted"):
+        path = rng.choice(PATHS) if kind == "set" else rng.choice(list(TARGETED))
+        value = _value(rng) if kind == "set" else copy.deepcopy(rng.choice(TARGETED[path]))
         _set(doc, path, value)
         return f"{'.'.join(path)}={value!r:.60}"
     if kind == "delete":
@@ -137,7 +189,8 @@ def _mutate(doc: dict[str, Any], rng: random.Random) -> str:
         _delete(doc, path)
         return f"delete {'.'.join(path)}"
     if kind == "unknown":
-        section = rng.choice(["spec", "spec.training", "spec.model", "spec.resources"])
+        section = rng.choice(["spec", "spec.training", "spec.model", "spec.resources", "spec.objectStorage",
+                              "spec.tracking.mlflow"])  # fmt: skip
         node = doc
         for key in section.split("."):
             node = node.setdefault(key, {}) if isinstance(node, dict) else {}

@@ -384,6 +384,13 @@ def test_scheduling_policy_values_reach_the_arguments(monkeypatch: pytest.Monkey
     args, _ = _operator_args(objects, monkeypatch)
     assert args.allowed_priority_class == ["training-low", "training-high"]
     assert args.allowed_toleration_key == ["dedicated"] and args.allow_tolerate_all
+    assert not args.allow_service_account_token_volumes
+
+
+@needs_helm
+def test_the_token_volume_policy_reaches_the_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    args, _ = _operator_args(render("operator.policy.allowServiceAccountTokenVolumes=true"), monkeypatch)
+    assert args.allow_service_account_token_volumes
 
 
 @needs_helm

@@ -115,8 +115,9 @@ def test_the_renderers_write_only_declared_names_and_every_operator_name() -> No
 def test_a_users_entry_replaces_every_overridable_default() -> None:
     """Overridable names give way to spec.env (no duplicate key the apiserver would refuse)."""
     for job in _jobs_that_render_every_variable():
-        users = [{"name": member.value, "value": "mine"} for member in sorted(OVERRIDABLE)]
+        # a URL is what every overridable name takes (HF_ENDPOINT must be one)
+        users = [{"name": member.value, "value": "http://mine"} for member in sorted(OVERRIDABLE)]
         spec = job.spec.model_dump(by_alias=True, exclude_none=True)
         mine = _job(**{**spec, "env": users})
         entries = [e for e in _env(mine) if e["name"] in OVERRIDABLE]
-        assert entries == [{"name": u["name"], "value": "mine"} for u in users], entries
+        assert entries == [{"name": u["name"], "value": "http://mine"} for u in users], entries

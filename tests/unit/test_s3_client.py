@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import itertools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -396,3 +397,54 @@ def test_mirroring_shows_its_progress_on_node_0s_metrics_port(monkeypatch: pytes
     ]
     assert s3_inputs.fetch(job.spec, node_rank=1, store=SparseStore()) == local  # type: ignore[arg-type]
     assert len(seen) == 3, "a restarted pod with a complete mirror downloads nothing again"
+
+
+@pytest.mark.parametrize("planted", ["../../../planted", "global_step4/../../../../planted", "a//b", "./x"])
+def test_a_manifest_cannot_name_a_file_outside_the_checkpoint(tmp_path: Path, planted: str) -> None:
+    """A manifest is text in the bucket: in a shared bucket, a planted one must not place files
+    outside the pod's checkpoint folder when the job resumes."""
+    from finetune_trainer.s3_checkpoints import S3Output
+
+    memory = MemoryStore()
+    out = S3Output(memory, S3Uri("b", "job"), OneRank(), local_rank=0, local_size=1)  # type: ignore[arg-type]  # a MemoryStore for the ObjectStore
+    folder = "job/checkpoints/step-00000004"
+    state = CheckpointState(global_step=4, checkpoint_format=CheckpointFormat.DEEPSPEED).to_file()
+    memory.objects[f"{folder}/{planted}"] = b"x"
+    memory.objects[f"{folder}/mp_rank_00_model_states.pt"] = b"m"
+    files = {planted: 1, "mp_rank_00_model_states.pt": 1}
+    memory.objects[f"{folder}/manifest.json"] = Manifest(4, files, state).to_json()
+    staged = tmp_path / "a" / "b" / "ckpt"
+    strategy = Strategy(zero_stage=2, offload_optimizer="none", offload_params="none", micro_batch_size=1,
+                        gradient_accumulation_steps=1, world_size=1)  # fmt: skip
+    with pytest.raises(StoreError, match=f"names {re.escape(repr(planted))}, outside the checkpoint"):
+        out.stage_newest(staged, strategy)
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_the_tracking_journal_and_event_files_reach_the_bucket_at_each_commit(tmp_path: Path) -> None:
+    """With output on s3:// the journal and TensorBoard's event files live on the pod's scratch: each
+    commit copies them beside the checkpoints, and a file that grew is sent again."""
+    from finetune_trainer import s3_checkpoints
+    from finetune_trainer.s3_checkpoints import S3Output
+
+    memory = MemoryStore()
+    out = S3Output(memory, S3Uri("b", "job"), OneRank(), local_rank=0, local_size=1)  # type: ignore[arg-type]  # a MemoryStore for the ObjectStore
+    scratch = tmp_path / "output"
+    journal = scratch / "tracking" / "records.jsonl"
+    events = scratch / "tensorboard" / "events.out.tfevents.1.pod-0"
+    for path in (journal, events):
+        path.parent.mkdir(parents=True)
+    journal.write_text('{"step": 4}\n')
+    events.write_bytes(b"e" * 4)
+    saved(scratch / "checkpoints", 4)
+    out.publish(scratch / "checkpoints", 4, keep=1)
+    assert memory.objects["job/tracking/records.jsonl"] == b'{"step": 4}\n'
+    assert memory.objects["job/tensorboard/events.out.tfevents.1.pod-0"] == b"eeee"
+    with journal.open("a") as grown:
+        grown.write('{"step": 8}\n')
+    saved(scratch / "checkpoints", 8)
+    out.publish(scratch / "checkpoints", 8, keep=1)
+    assert memory.objects["job/tracking/records.jsonl"].count(b"step") == 2
+    assert s3_checkpoints.upload_tracking(memory, S3Uri("b", "job"), scratch) == 2  # type: ignore[arg-type]  # a MemoryStore
+    memory.down = True  # tracking never fails training: a dead store is a warning
+    assert s3_checkpoints.upload_tracking(memory, S3Uri("b", "job"), scratch) == 0  # type: ignore[arg-type]  # a MemoryStore

@@ -71,3 +71,50 @@ def test_the_operator_fails_such_a_job_as_invalid_before_planning(policy: Schedu
         plan_or_fail(_spec(priorityClassName="system-node-critical"), None, policy)
     assert failed.value.reason == "InvalidSpec" and "spec.resources.priorityClassName" in str(failed.value)
     assert plan_or_fail(_spec(), None, policy).zero_stage in (0, 1, 2, 3)
+
+
+TOKEN_VOLUME = {
+    "name": "vault-token",
+    "projected": {"sources": [{"configMap": {"name": "ca"}}, {"serviceAccountToken": {"path": "token"}}]},
+}
+
+
+def test_a_projected_service_account_token_is_refused_unless_the_installation_allows_it() -> None:
+    spec = make_job(
+        objectStorage={"serviceAccountName": "trainer"},
+        podTemplate={"volumes": [{"name": "scratch2", "emptyDir": {}}, TOKEN_VOLUME],
+                     "volumeMounts": [{"name": "vault-token", "mountPath": "/var/run/vault"}]},
+    ).spec  # fmt: skip
+    (line,) = SchedulingPolicy().problems(spec)
+    assert line.startswith("spec.podTemplate.volumes[1].projected.sources[1].serviceAccountToken: ")
+    assert "apiserver token" in line and "operator.policy.allowServiceAccountTokenVolumes" in line
+    with pytest.raises(PlanFailed) as failed:
+        plan_or_fail(spec, None, SchedulingPolicy())
+    assert failed.value.reason == "InvalidSpec" and "serviceAccountToken" in str(failed.value)
+    assert SchedulingPolicy(token_volumes=True).problems(spec) == []
+
+
+def _projected(name: str, *sources: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "projected": {"sources": list(sources)}}
+
+
+TOKEN = {"serviceAccountToken": {"path": "token", "audience": "vault", "expirationSeconds": 3600}}
+
+
+@pytest.mark.parametrize(
+    ("volumes", "refused"),
+    [
+        ([_projected("t", TOKEN)], ["volumes[0].projected.sources[0]"]),
+        ([_projected("a", {"configMap": {"name": "c"}}), _projected("t", {"secret": {"name": "s"}}, TOKEN)],
+         ["volumes[1].projected.sources[1]"]),
+        ([_projected("t", TOKEN, TOKEN)], ["volumes[0].projected.sources[0]", "volumes[0].projected.sources[1]"]),
+        ([_projected("t", {"serviceAccountToken": {}})], ["volumes[0].projected.sources[0]"]),
+        ([_projected("a", {"downwardAPI": {"items": []}}, {"configMap": {"name": "c"}})], []),
+        ([{"name": "e", "emptyDir": {}}, {"name": "s", "secret": {"secretName": "s"}}], []),
+    ],
+)  # fmt: skip
+def test_every_projected_token_source_is_found(volumes: list[dict[str, Any]], refused: list[str]) -> None:
+    spec = make_job(podTemplate={"volumes": volumes}).spec
+    lines = SchedulingPolicy().problems(spec)
+    assert [line.split(":")[0] for line in lines] == [f"spec.podTemplate.{r}.serviceAccountToken" for r in refused]
+    assert SchedulingPolicy(token_volumes=True).problems(spec) == []

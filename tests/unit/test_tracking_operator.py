@@ -4,6 +4,7 @@ and how it reaches the status and Events. No tracking server: the operator never
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,12 @@ def test_run_refuses_a_malformed_tracking_uri(tmp_path: Path, capsys: pytest.Cap
 def test_the_operator_refuses_a_malformed_default_uri() -> None:
     with pytest.raises(SystemExit, match="--default-tracking-uri: invalid value 'ftp://x'"):
         main(["operator", "--default-tracking-uri", "ftp://x"])
+
+
+@pytest.mark.parametrize("endpoint", ["hf-mirror.example.com", "https://hub:99999", "https://u:p@hub"])
+def test_the_operator_refuses_a_hub_endpoint_that_is_no_url(endpoint: str) -> None:
+    with pytest.raises(SystemExit, match=f"--hub-endpoint: invalid value '{re.escape(endpoint)}': must be an http"):
+        main(["operator", "--hub-endpoint", endpoint])
 
 
 # ----------------------------------------------------------------------------- rank 0's report

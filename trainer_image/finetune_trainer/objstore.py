@@ -10,7 +10,8 @@ layer over boto3 that adds what the trainer needs and boto3 leaves to its caller
 - messages never carry the keys (boto3's do not; `redact` makes sure of it);
 - downloads land under a temporary name and are renamed when complete, so a killed download
   never leaves a file that reads as whole;
-- deletions are confined to a prefix the caller owns (`delete(keys, within=...)`).
+- deletions are confined to a prefix the caller owns (`delete(keys, within=...)`), and a key
+  never names a local file outside the folder it is copied into (`confined`).
 
 Connection settings come from the pod's environment (the operator renders them from
 `spec.objectStorage` and its own defaults) and, for `ftjob run`, from the spec itself.
@@ -114,6 +115,19 @@ class Connection:
     @property
     def where(self) -> str:
         return self.endpoint or f"AWS S3 ({self.region or 'us-east-1'})"
+
+
+def confined(root: Path, rel: str) -> Path | None:
+    """`root/rel` for `rel`, the part of an object key below a copied prefix, if that is a file
+    strictly under `root`; None for a key that would land elsewhere (a `..`, `.` or empty
+    segment, a NUL byte, a symbolic link out of `root`). The bucket's keys are its strings: a
+    shared or hostile bucket may list `prefix/../../elsewhere`."""
+    parts = rel.split("/")
+    if any(part in ("", ".", "..") or "\x00" in part for part in parts):
+        return None
+    local = root.joinpath(*parts)
+    resolved, top = local.resolve(), root.resolve()
+    return local if resolved.is_relative_to(top) and resolved != top else None
 
 
 def redact(text: str) -> str:

@@ -19,6 +19,11 @@ own ranks read (`needed_files`): the trainable state and their RNG files (LoRA, 
 shared model states and their own ZeRO shards (full fine-tuning); all of it only when the shards
 must be converted to another strategy, which each pod then does locally.
 
+The tracking journal (`<output>/tracking/`) and TensorBoard's event files (`<output>/tensorboard/`)
+live on the same scratch: rank 0 uploads them beside the checkpoints at each commit, and the
+launcher once more when the run's tracking has finished (`upload_tracking`), so the bucket holds
+them as a claim would. A failure there is logged and never fails training.
+
 Deletions stay under `<output>/checkpoints/` (enforced by `ObjectStore.delete`): nothing else the
 user keeps in the bucket is touched.
 """
@@ -38,11 +43,13 @@ from typing import Any, Protocol
 from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState
 from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.strategy import Strategy
+from finetune_operator.api.tracking import TENSORBOARD_DIR
 
 from . import checkpoint, universal
-from .objstore import ObjectStore, S3Uri, StoreError, StoreNotFound, store_for
+from .objstore import ObjectStore, S3Uri, StoreError, StoreNotFound, confined, store_for
 from .paths import CHECKPOINTS, COMPLETION_MARKER
 from .portable import TRAINABLE_FILE
+from .tracking.journal import TRACKING_DIR
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +58,8 @@ MANIFEST_VERSION = 1
 _STEP_KEY = re.compile(r"^step-(\d+)/(.+)$")
 _RNG_FILE = re.compile(r"^rng_state_rank(\d+)\.pt$")
 _ZERO_SHARD = re.compile(r"(?:^|[/_])zero_pp_rank_(\d+)_")
+TRACKING_FOLDERS = (TRACKING_DIR, TENSORBOARD_DIR)
+"""The tracking journal's folder and TensorBoard's, under the output."""
 
 
 class Collective(Protocol):
@@ -158,6 +167,7 @@ class S3Output:
     ) -> None:
         self.store, self.root, self.dist = store, root, dist
         self.checkpoints = root.child(CHECKPOINTS)
+        self._tracking_sent: dict[Path, tuple[int, int]] = {}
         self.leader = local_rank == 0
         first = dist.rank - local_rank
         self.node_ranks = range(first, first + local_size)
@@ -215,6 +225,8 @@ class S3Output:
         self._agree(error, f"committing checkpoint {name} ({self._intact()})")
         if self.leader:  # committed: the scratch holds no checkpoint until the next save
             _empty(ckpt_root)
+        if self.dist.rank == 0:
+            upload_tracking(self.store, self.root, ckpt_root.parent, self._tracking_sent)
         return str(prefix)
 
     def _intact(self) -> str:
@@ -270,8 +282,13 @@ class S3Output:
         name = checkpoint.step_dir_name(manifest.step)
         wanted = needed_files(list(manifest.files), state.checkpoint_format, self.node_ranks, whole=convert)
         staging = ckpt_root / f"{checkpoint.TMP_PREFIX}{name}"
-        for rel in wanted:
-            self.store.download(self.checkpoints.child(f"{name}/{rel}"), staging / rel)
+        local = {rel: confined(staging, rel) for rel in wanted}  # the manifest is the bucket's text
+        outside = sorted(rel for rel, path in local.items() if path is None)
+        if outside:
+            raise StoreError(f"{self.checkpoints}/{name}/manifest.json names {outside[0]!r}, outside the checkpoint")
+        for rel, path in local.items():
+            assert path is not None
+            self.store.download(self.checkpoints.child(f"{name}/{rel}"), path)
         (staging / checkpoint.STATE_FILE).write_text(manifest.state)
         staging.rename(ckpt_root / name)
         log.warning(
@@ -305,6 +322,35 @@ class S3Output:
                 error = str(exc)
         self._agree(error, "uploading the trained result")
         return uris
+
+
+def upload_tracking(
+    store: ObjectStore, root: S3Uri, out: Path, known: dict[Path, tuple[int, int]] | None = None
+) -> int:
+    """Copy the tracking journal and TensorBoard's event files from the scratch `out` to the
+    output prefix `root`, each file whole; with `known` (file -> size and mtime when sent), only
+    files new or changed since. Returns the files sent; a failure is logged, never raised: tracking
+    never fails training."""
+    known = {} if known is None else known
+    sent = 0
+    try:
+        for folder in (out / name for name in TRACKING_FOLDERS):
+            for path in sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []:
+                stat = path.stat()
+                if known.get(path) != (stat.st_size, stat.st_mtime_ns):
+                    store.upload(path, root.child(path.relative_to(out).as_posix()))
+                    known[path] = (stat.st_size, stat.st_mtime_ns)
+                    sent += 1
+    except (StoreError, OSError) as exc:
+        log.warning("tracking files not copied to %s: %s", root, str(exc)[:300])
+    return sent
+
+
+def publish_tracking(spec: Any, out: Path) -> int:
+    """`upload_tracking` for a job whose output is on s3:// (after its tracking finished); 0 otherwise."""
+    if not spec.output.uri.startswith("s3://"):
+        return 0
+    return upload_tracking(store_for(spec.object_storage), S3Uri.parse(spec.output.uri), out)
 
 
 def _empty(folder: Path) -> None:

@@ -5,6 +5,11 @@
 (the pod's model cache volume), where `paths.resolve_uri` sends the ranks. Eight ranks of a
 pod thus read one local copy, and a cache on a claim survives gang restarts.
 
+A bucket is not trusted to name local files: an object key is a string, and a shared or hostile
+bucket may list `data/../../../mnt/pvc/out/adapter` or `data//etc/x`. Every key is mapped to its
+local file, resolved, and checked to stay under the copy's folder before the first byte is
+written; one key that would not is `UnsafeObjectKey`, naming it, and nothing is downloaded.
+
 Nothing partial is ever read as complete: each file is downloaded under a temporary name
 and renamed when whole (see `ObjectStore.download`), and a stamp listing every key and size
 is written last. A later start that finds the stamp equal to the bucket's listing downloads
@@ -25,7 +30,7 @@ from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.spec import FineTuneJobSpec
 
 from .metrics.exporter import metrics_port
-from .objstore import ObjectStore, S3Uri, StoreNotFound, store_for
+from .objstore import ObjectStore, S3Uri, StoreError, StoreNotFound, confined, store_for
 from .paths import resolve_uri, s3_mirror
 from .prefetch import download_progress
 
@@ -43,14 +48,34 @@ def _stamp_path(mirror_root: Path, uri: S3Uri) -> Path:
     return mirror_root / STAMPS / uri.bucket / f"{uri.key}.json"
 
 
+class UnsafeObjectKey(StoreError):
+    """A listed key would land outside the local copy's folder (or is no file name at all)."""
+
+
 def _local_file(uri: S3Uri, key: str, target: Path) -> Path:
-    """Where object `key` (at or under `uri`) lands, `target` being `uri`'s local path."""
-    return target if key == uri.key else target / key[len(uri.key) + 1 :]
+    """Where object `key` (at or under `uri`) lands, `target` being `uri`'s local path: always
+    `target` itself or a file under it."""
+    if key == uri.key:
+        return target
+    local = confined(target, key[len(uri.key) + 1 :])
+    if local is not None:
+        return local
+    raise UnsafeObjectKey(
+        f"refusing object key {key!r} of {uri}: it would land outside the local copy {target} (a key with a "
+        "'..', '.' or empty segment or a NUL byte is not copied); nothing was downloaded"
+    )
+
+
+def check_keys(listing: dict[str, int], uri: S3Uri, target: Path) -> None:
+    """Raise `UnsafeObjectKey` if any listed key would land outside `target`."""
+    for key in listing:
+        if not key.endswith("/"):
+            _local_file(uri, key, target)
 
 
 def plan_downloads(listing: dict[str, int], uri: S3Uri, target: Path) -> list[tuple[str, Path]]:
     """(key, local file) for each listed object missing locally or of another size; folder
-    markers (keys ending in '/') are skipped."""
+    markers (keys ending in '/') are skipped. Every key is checked before any is downloaded."""
     todo = []
     for key, size in sorted(listing.items()):
         if key.endswith("/"):
@@ -103,6 +128,8 @@ def fetch(spec: FineTuneJobSpec, node_rank: int = 0, store: ObjectStore | None =
     for text in uris:
         parsed = S3Uri.parse(text)
         targets.append((parsed, listed(store, parsed), Path(str(resolve_uri(text)))))
+    for uri, listing, target in targets:  # every key of every input, before the first download
+        check_keys(listing, uri, target)
     total = sum(sum(listing.values()) for _, listing, _ in targets)
     port = metrics_port(0) if node_rank == 0 else None
     address = os.environ.get(PodEnv.FTJOB_POD_IP, "127.0.0.1")

@@ -70,7 +70,7 @@ def check_node_selector(value: dict[str, str] | None) -> dict[str, str] | None:
     """Node-selector keys must be qualified names (a pattern on map keys is not a structural
     CRD schema, so this runs in pydantic: the operator answers Failed/InvalidSpec)."""
     for key in value or {}:
-        if len(key) > 317 or not re.match(QUALIFIED_NAME_PATTERN, key):
+        if len(key) > 317 or not re.fullmatch(QUALIFIED_NAME_PATTERN, key):
             raise ValueError(f"key {key!r} is not a valid label key (an optional DNS prefix and '/', then a name)")
     return value
 
@@ -78,6 +78,38 @@ def check_node_selector(value: dict[str, str] | None) -> dict[str, str] | None:
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+# Patterns are read by three engines: Go's RE2 (the CRD's `pattern` and CEL's `matches()` in the
+# apiserver), Rust's regex (pydantic) and Python's `re`. Their `\s`, `\S`, `\d` and `\w` differ
+# beyond ASCII (RE2's `\s` is [\t\n\f\r ] only; Rust's and Python's are Unicode), so the
+# patterns here spell their classes out, with `\xHH` escapes, which all three read alike.
+CONTROL_CHARS = r"\x00-\x1f\x7f-\x9f"
+"""C0 and C1 control characters (a class body)."""
+SPACE_CHARS = r"\t\n\x0b\x0c\r \x85\xa0"
+"""Spaces below U+0100 (a class body), written as escapes all three engines read alike. Wider Unicode
+spaces are ordinary characters here: they would need a long escape, which Python's `re` does not know."""
+VISIBLE = f"[^{CONTROL_CHARS}{SPACE_CHARS}]"
+"""One character that is neither a control character nor a space."""
+ABSOLUTE_PATH_PATTERN = f"^/{VISIBLE}*$"
+"""An absolute path in a container, without spaces or control characters."""
+
+SECRET_KEY_PATTERN = r"^\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
+"""A Secret or ConfigMap key as Kubernetes takes it (IsConfigMapKey): letters, digits, '-', '_'
+and '.', but not '.' or '..' and not starting with '..'."""
+SECRET_KEY_HINT = (
+    "must be a Secret key: letters, digits, '-', '_' and '.' (at most 253), not '.' or '..' and not starting with '..'"
+)
+
+PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+"""A TCP port, 1 to 65535, without leading zeros."""
+HOST = r"([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
+"""A host name, an IPv4 address or a bracketed IPv6 address."""
+HTTP_URL_PATTERN = rf"^https?://{HOST}(:{PORT})?(/[^{CONTROL_CHARS}{SPACE_CHARS}?#@]*)?$"
+"""An http(s) URL: scheme, host, optional port and path; no credentials, query or fragment."""
+HTTP_URL_HINT = (
+    "must be an http:// or https:// URL: scheme, host, optional port (1-65535) and path; no credentials, "
+    "query, fragment or spaces"
+)
 
 
 class ApiModel(BaseModel):
@@ -137,6 +169,9 @@ def _check_quantity(value: str | int) -> str | int:
         raise ValueError("must be a Kubernetes quantity such as 80Gi or 8, not a boolean")
     if isinstance(value, int) and not 0 <= value < 2**63:
         raise ValueError("must be a Kubernetes quantity such as 80Gi or 8, at most 18 digits")
+    if isinstance(value, str) and value != value.strip():
+        # the apiserver's pattern admits no space (nor a trailing newline) around the number
+        raise ValueError("must be a Kubernetes quantity such as 80Gi or 8, without spaces around it")
     parse_quantity(value)
     return value
 

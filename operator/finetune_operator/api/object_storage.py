@@ -18,31 +18,68 @@ from typing import Annotated
 
 from pydantic import Field
 
-from .base import DNS_SUBDOMAIN_PATTERN, ApiModel
+from .base import (
+    CONTROL_CHARS,
+    DNS_SUBDOMAIN_PATTERN,
+    PORT,
+    SECRET_KEY_HINT,
+    SECRET_KEY_PATTERN,
+    SPACE_CHARS,
+    ApiModel,
+)
+from .rules import CrossFieldRule
 
 S3_SCHEME = "s3://"
 BUCKET_PATTERN = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
-"""An S3 bucket name: 3 to 63 lowercase letters, digits, '.' and '-', starting and ending with a
-letter or digit."""
-S3_URI = rf"s3://{BUCKET_PATTERN}/[^\s]+"
-"""`s3://bucket/key-or-prefix`: a key (a file) or a prefix (a folder); the bucket alone is not a
-location a job may own."""
-ENDPOINT_PATTERN = r"^https?://[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]{1,5})?/?$"
-REGION_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+"""The shape of an S3 bucket name: 3 to 63 lowercase letters, digits, '.' and '-', starting and ending
+with a letter or digit. `FORBIDDEN_BUCKET` holds the rest of S3's rules, which a pattern without
+look-ahead (RE2 has none) cannot say in one piece."""
+FORBIDDEN_BUCKET = (
+    r"^s3://([^/]*\.\.|[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+/|xn--|sthree-|amzn-s3-demo-"
+    r"|[^/]*(-s3alias|--ol-s3|\.mrap|--x-s3|--table-s3)/)"
+)
+"""An `s3://` URI whose bucket S3 refuses: two adjacent periods, the form of an IP address, a
+reserved prefix (`xn--`, `sthree-`, `amzn-s3-demo-`) or a reserved suffix (`-s3alias`, `--ol-s3`,
+`.mrap`, `--x-s3`, `--table-s3`). Searched, not matched whole, by Python and by CEL alike."""
+FORBIDDEN_BUCKET_MESSAGE = (
+    "the bucket name is one S3 refuses: no two adjacent periods, not an IP address, no prefix xn--, sthree- "
+    "or amzn-s3-demo-, no suffix -s3alias, --ol-s3, .mrap, --x-s3 or --table-s3"
+)
+KEY_SEGMENT = f"[^/{CONTROL_CHARS}{SPACE_CHARS}]+"
+"""One segment of an object key: never empty, no spaces or control characters."""
+S3_URI = rf"s3://{BUCKET_PATTERN}/{KEY_SEGMENT}(/{KEY_SEGMENT})*/?"
+"""`s3://bucket/key-or-prefix`: a key (a file) or a prefix (a folder, optionally ending in '/'); the
+bucket alone is not a location a job may own, and no segment of the key is empty (`s3://b//` and
+`s3://b///` would otherwise be two names of one prefix)."""
+ENDPOINT_PATTERN = rf"^https?://[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:{PORT})?/?$"
+REGION_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
+"""The language of a DNS label, spelled differently so that `PATTERN_HINTS` can tell the two apart."""
 
 DEFAULT_RETRY_TIMEOUT_SECONDS = 300
 """How long the trainer retries an unreachable or failing store before the run fails."""
 
 PATTERN_HINTS: dict[str, str] = {
-    ENDPOINT_PATTERN: "must be an http:// or https:// URL of a host and optional port, without a path "
+    ENDPOINT_PATTERN: "must be an http:// or https:// URL of a host and optional port (1-65535), without a path "
     "(e.g. https://s3.example.com or http://127.0.0.1:8333)",
-    REGION_PATTERN: "must be a region name such as us-east-1",
+    REGION_PATTERN: "must be a region name such as us-east-1 (lowercase letters, digits and '-')",
+    SECRET_KEY_PATTERN: SECRET_KEY_HINT,
 }
 
 
 def is_s3(uri: str | None) -> bool:
     return uri is not None and uri.startswith(S3_SCHEME)
+
+
+def allowed_bucket(field: str, optional: bool = False) -> CrossFieldRule:
+    """The rule refusing, in `field` (a uri), an `s3://` bucket name that S3 itself refuses."""
+    wire = "".join(part.capitalize() if i else part for i, part in enumerate(field.split("_")))
+    cel = f"!self.{wire}.matches('{FORBIDDEN_BUCKET.replace(chr(92), chr(92) * 2)}')"
+    return CrossFieldRule(
+        cel=f"!has(self.{wire}) || {cel}" if optional else cel,
+        message=FORBIDDEN_BUCKET_MESSAGE,
+        field_path=f".{wire}",
+        check=lambda m: getattr(m, field) is None or re.search(FORBIDDEN_BUCKET, getattr(m, field)) is None,
+    )
 
 
 def split_s3(uri: str) -> tuple[str, str]:

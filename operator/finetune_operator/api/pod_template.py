@@ -16,7 +16,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, ApiModel, LabelValue, Quantity, check_node_selector
+from .base import (
+    ABSOLUTE_PATH_PATTERN,
+    DNS_LABEL_PATTERN,
+    DNS_SUBDOMAIN_PATTERN,
+    ApiModel,
+    LabelValue,
+    Quantity,
+    check_node_selector,
+)
 from .toleration import Toleration
 
 OWNED_LABEL_PREFIXES = ("app.kubernetes.io/", "finetune.dev/", "statefulset.kubernetes.io/", "apps.kubernetes.io/")
@@ -40,8 +48,26 @@ ResourceName = Annotated[str, Field(max_length=317)]
 FreeForm = Annotated[dict[str, Any], Field(json_schema_extra={"x-ftjob-preserve-unknown": True})]
 
 
+def token_volume_fields(overlay: PodTemplateOverlay | None) -> list[str]:
+    """Where `overlay` mounts a projected service-account token (`spec.podTemplate.volumes[i]...`).
+
+    Trainer pods get no apiserver token (`automountServiceAccountToken: false`); a projected
+    `serviceAccountToken` source would hand them one anyway, for the job's service account
+    (`objectStorage.serviceAccountName`) or the namespace's default. The installation decides
+    whether that is allowed (`SchedulingPolicy`): the volumes are free-form, which the
+    apiserver's CEL cannot look into."""
+    found = []
+    for i, volume in enumerate((overlay.volumes or []) if overlay else []):
+        projected = volume.get("projected")
+        sources = projected.get("sources") if isinstance(projected, dict) else None
+        for j, source in enumerate(sources if isinstance(sources, list) else []):
+            if isinstance(source, dict) and "serviceAccountToken" in source:
+                found.append(f"spec.podTemplate.volumes[{i}].projected.sources[{j}].serviceAccountToken")
+    return found
+
+
 def _qualified(key: str) -> None:
-    if not QUALIFIED_NAME.match(key):
+    if not QUALIFIED_NAME.fullmatch(key):
         raise ValueError(f"{key!r} is not a valid name (an optional DNS prefix and '/', then letters, digits, -_.)")
 
 
@@ -77,7 +103,7 @@ class VolumeMount(ApiModel):
     """A mount of one of `podTemplate.volumes` in the trainer container."""
 
     name: Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
-    mount_path: Annotated[str, Field(min_length=1, max_length=512, pattern=r"^/[^\s]*$")]
+    mount_path: Annotated[str, Field(min_length=1, max_length=512, pattern=ABSOLUTE_PATH_PATTERN)]
     read_only: bool | None = None
     sub_path: Annotated[str, Field(max_length=512)] | None = None
 

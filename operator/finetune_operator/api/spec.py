@@ -18,23 +18,28 @@ from pydantic import Field, field_validator, model_validator
 
 from . import mount_paths, object_storage, pod_env
 from .base import (
+    ABSOLUTE_PATH_PATTERN,
     DNS_LABEL_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
     ENV_NAME_PATTERN,
+    HTTP_URL_HINT,
+    HTTP_URL_PATTERN,
     LABEL_VALUE_PATTERN,
     QUALIFIED_NAME_PATTERN,
     QUANTITY_PATTERN,
+    SECRET_KEY_PATTERN,
+    VISIBLE,
     ApiModel,
     LabelValue,
     Quantity,
     check_node_selector,
     quantity_bytes,
 )
-from .object_storage import S3_URI, ObjectStorageSpec
+from .object_storage import S3_URI, ObjectStorageSpec, allowed_bucket
 from .pod_template import PodTemplateOverlay
 from .rules import CrossFieldRule, rules_of
 from .toleration import Toleration
-from .tracking import TRACKING_URI_HINT, TRACKING_URI_PATTERN, TrackingSpec
+from .tracking import EXPERIMENT_HINT, EXPERIMENT_PATTERN, TRACKING_URI_HINT, TRACKING_URI_PATTERN, TrackingSpec
 
 RULE_MARK = "\x1frule:"
 
@@ -45,7 +50,11 @@ BUILTIN_DATASETS = ("reverse-words", "secret-code")
 """`builtin://` datasets the trainer generates in code (the demo tasks)."""
 
 
-HUB_REVISION = r"(@[A-Za-z0-9][-A-Za-z0-9_./]*)?"
+REVISION = r"[A-Za-z0-9](\.?[-A-Za-z0-9_/])*"
+"""A hub revision (branch, tag or commit): letters, digits and -_./, starting with a letter or digit,
+never two periods in a row and not ending in one (as git's ref names)."""
+REVISION_PATTERN = f"^{REVISION}$"
+HUB_REVISION = f"(@{REVISION})?"
 """A hub id's optional `@revision` (branch, tag or commit), model URIs only."""
 PINNED_HUB_ID = r"^(hf://)?[A-Za-z0-9][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)?@"
 """A hub id that pins its revision in the uri."""
@@ -53,8 +62,8 @@ PINNED_HUB_ID = r"^(hf://)?[A-Za-z0-9][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)?@"
 
 def _uri_pattern(builtins: tuple[str, ...], revision: str = "") -> str:
     return (
-        rf"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)?{revision}|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?"
-        rf"|file:///[^\s]*|/[^\s]*|{S3_URI}|builtin://({'|'.join(builtins)})|[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+{revision})$"
+        rf"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)?{revision}|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/{VISIBLE}*)?"
+        rf"|file:///{VISIBLE}*|/{VISIBLE}*|{S3_URI}|builtin://({'|'.join(builtins)})|[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+{revision})$"
     )
 
 
@@ -67,7 +76,10 @@ DATASET_URI_PATTERN = _uri_pattern(BUILTIN_DATASETS)
 DEFAULT_VALIDATION_SPLIT = 0.05
 DEFAULT_WARMUP_RATIO = 0.03
 
-OUTPUT_URI_PATTERN = rf"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]*|{S3_URI})$"
+OUTPUT_URI_PATTERN = rf"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/{VISIBLE}*)?|/{VISIBLE}*|{S3_URI})$"
+IMAGE_PATTERN = f"^{VISIBLE}+$"
+ARCHITECTURE_PATTERN = r"^[A-Za-z0-9][-A-Za-z0-9_./]*$"
+MODULE_NAME_PATTERN = r"^[A-Za-z0-9_.*-]+$"
 
 PATTERN_HINTS: dict[str, str] = {
     URI_PATTERN: "must be a hub id (org/name or hf://org/name, optionally @revision), pvc://claim/path, "
@@ -87,6 +99,16 @@ PATTERN_HINTS: dict[str, str] = {
     "or digit",
     QUANTITY_PATTERN: "must be a Kubernetes quantity such as 80Gi, 512Mi or 8 (at most 18 digits)",
     TRACKING_URI_PATTERN: TRACKING_URI_HINT,
+    EXPERIMENT_PATTERN: EXPERIMENT_HINT,
+    DNS_LABEL_PATTERN: "must be a DNS label: lowercase letters, digits and '-', starting and ending with a letter "
+    "or digit",
+    REVISION_PATTERN: "must be a hub revision (branch, tag or commit): letters, digits and -_./, starting with a "
+    "letter or digit, no '..' and not ending in '.'",
+    ABSOLUTE_PATH_PATTERN: "must be an absolute path without spaces or control characters",
+    IMAGE_PATTERN: "must be an image reference without spaces or control characters",
+    ARCHITECTURE_PATTERN: "must be a catalogue name such as meta-llama/Llama-3.1-8B, or a folder (letters, digits "
+    "and -_./, starting with a letter or digit)",
+    MODULE_NAME_PATTERN: "must be a module name or glob: letters, digits and _.*-",
 }
 """Readable explanations of the regular expressions users are most likely to trip on."""
 
@@ -142,6 +164,12 @@ DOT_DOT_SEGMENT = r"(^|/)\.\.(/|$)"
 """A `..` path segment: a uri stays inside its claim (or path) and never climbs out of it."""
 
 
+def has_dot_dot(uri: str) -> bool:
+    """Whether `uri` holds a `..` segment, as RE2 reads `DOT_DOT_SEGMENT` (Python's `$` would also
+    match before a final newline)."""
+    return ".." in uri.split("/")
+
+
 def no_dot_dot(field: str, optional: bool = False) -> CrossFieldRule:
     """The rule keeping `field` (a uri) free of `..` segments."""
     wire = "".join(part.capitalize() if i else part for i, part in enumerate(field.split("_")))
@@ -150,7 +178,7 @@ def no_dot_dot(field: str, optional: bool = False) -> CrossFieldRule:
         cel=f"!has(self.{wire}) || {cel}" if optional else cel,
         message="must not contain a '..' path segment: a uri stays inside its claim or path",
         field_path=f".{wire}",
-        check=lambda m: getattr(m, field) is None or re.search(DOT_DOT_SEGMENT, getattr(m, field)) is None,
+        check=lambda m: getattr(m, field) is None or not has_dot_dot(getattr(m, field)),
     )
 
 
@@ -201,14 +229,14 @@ class ModelSpec(RuledModel):
         "`builtin://tiny-llama` (random, tiny) "
         "or `builtin://smollm2-135m-instruct` (a real pretrained 135M instruct model)."
     )
-    revision: Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")] | None = Field(
+    revision: Annotated[str, Field(max_length=128, pattern=REVISION_PATTERN)] | None = Field(
         default=None, description="Hub revision (branch, tag or commit); or pin it in the uri (`org/name@rev`)."
     )
     tokenizer: Annotated[str, Field(max_length=512, pattern=URI_PATTERN)] | None = Field(
         default=None, description="Tokenizer location when it differs from the model's."
     )
     trust_remote_code: bool = Field(default=False, description="Allow code from the model repository to run.")
-    architecture: Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")] | None = Field(
+    architecture: Annotated[str, Field(max_length=128, pattern=ARCHITECTURE_PATTERN)] | None = Field(
         default=None,
         description="What the planner counts instead of the model's own config.json: a catalogue name "
         "(e.g. `meta-llama/Llama-3.1-8B`) or, for `ftjob plan`, a local folder. Needed only for a path inside "
@@ -225,6 +253,8 @@ class ModelSpec(RuledModel):
     __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (
         no_dot_dot("uri"),
         no_dot_dot("tokenizer", optional=True),
+        allowed_bucket("uri"),
+        allowed_bucket("tokenizer", optional=True),
         CrossFieldRule(
             cel=f"!(has(self.revision) && self.uri.matches('{PINNED_HUB_ID}'))",
             message="the uri pins a revision (@...): set it there or in revision, not both",
@@ -282,6 +312,8 @@ class DatasetSpec(RuledModel):
         ),
         no_dot_dot("uri"),
         no_dot_dot("validation_uri", optional=True),
+        allowed_bucket("uri"),
+        allowed_bucket("validation_uri", optional=True),
     )
 
     @property
@@ -316,7 +348,7 @@ class LoraSpec(ApiModel):
         ),
     )
     target_modules: Annotated[
-        list[Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.*-]+$")]],
+        list[Annotated[str, Field(min_length=1, max_length=128, pattern=MODULE_NAME_PATTERN)]],
         Field(min_length=1, max_length=64),
     ] = Field(
         default_factory=lambda: ["all-linear"],
@@ -550,7 +582,7 @@ class DeepSpeedSpec(RuledModel):
     zero_stage: ZeroStage = Field(default="auto", description="ZeRO stage 0-3, or `auto`.")
     offload_optimizer: Offload = Field(default=Offload.AUTO, description="Where optimizer states live.")
     offload_params: Offload = Field(default=Offload.AUTO, description="Where parameters live (ZeRO-3 only).")
-    nvme_path: Annotated[str, Field(max_length=256, pattern=r"^/[^\s]*$")] | None = Field(
+    nvme_path: Annotated[str, Field(max_length=256, pattern=ABSOLUTE_PATH_PATTERN)] | None = Field(
         default=None, description="Local NVMe mount used by nvme offload."
     )
     overrides: (
@@ -619,13 +651,13 @@ class OutputSpec(RuledModel):
         "outside the prefix is ever deleted) or a path in the container."
     )
 
-    __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (no_dot_dot("uri"),)
+    __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (no_dot_dot("uri"), allowed_bucket("uri"))
     merged_model: bool = Field(default=False, description="Also export base + adapter merged, in safetensors.")
 
 
 class SecretKeyRef(ApiModel):
     name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
-    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=SECRET_KEY_PATTERN)]
 
 
 class EnvSource(ApiModel):
@@ -654,6 +686,18 @@ class EnvVar(RuledModel):
             message="this name is reserved: the operator sets it (" + ", ".join(RESERVED_ENV) + ")",
             field_path=".name",
             check=lambda e: e.name not in RESERVED_ENV,
+        ),
+        CrossFieldRule(
+            # the hub client of every pod (and the operator's config.json reader) goes where HF_ENDPOINT says
+            cel=f"self.name != '{pod_env.PodEnv.HF_ENDPOINT}' || !has(self.value) "
+            f"|| self.value.matches('{HTTP_URL_PATTERN.replace(chr(92), chr(92) * 2)}')",
+            message=f"{pod_env.PodEnv.HF_ENDPOINT} {HTTP_URL_HINT}",
+            field_path=".value",
+            check=lambda e: (
+                e.name != pod_env.PodEnv.HF_ENDPOINT
+                or e.value is None
+                or re.fullmatch(HTTP_URL_PATTERN, e.value) is not None
+            ),
         ),
     )
 
@@ -692,7 +736,7 @@ class FineTuneJobSpec(RuledModel):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     deepspeed: DeepSpeedSpec = Field(default_factory=DeepSpeedSpec)
     output: OutputSpec
-    image: Annotated[str, Field(max_length=512, pattern=r"^[^\s]+$")] | None = Field(
+    image: Annotated[str, Field(max_length=512, pattern=IMAGE_PATTERN)] | None = Field(
         default=None, description="Trainer image; defaults to the operator's configured trainer image."
     )
     env: Annotated[list[EnvVar], Field(max_length=MAX_ENV_VARS)] | None = Field(

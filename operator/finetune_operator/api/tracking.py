@@ -15,18 +15,18 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field
 
-from .base import DNS_SUBDOMAIN_PATTERN, ApiModel
+from .base import CONTROL_CHARS, DNS_SUBDOMAIN_PATTERN, HTTP_URL_PATTERN, SECRET_KEY_PATTERN, SPACE_CHARS, ApiModel
 from .pod_env import PodEnv
 
-TRACKING_URI_PATTERN = (
-    r"^https?://([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?(/[^\s?#@]*)?$"
-)
+TRACKING_URI_PATTERN = HTTP_URL_PATTERN
 TRACKING_URI_HINT = (
-    "must be the http:// or https:// URL of an MLflow tracking server: scheme, host, optional port and path; "
-    "no credentials, query or fragment (credentials go in tracking.mlflow.secretRef)"
+    "must be the http:// or https:// URL of an MLflow tracking server: scheme, host, optional port (1-65535) and "
+    "path; no credentials, query or fragment (credentials go in tracking.mlflow.secretRef)"
 )
-EXPERIMENT_PATTERN = r"^\S(.*\S)?$"
-SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+_NAME_CHAR = f"[^{CONTROL_CHARS}]"
+_NAME_END = f"[^{CONTROL_CHARS}{SPACE_CHARS}]"
+EXPERIMENT_PATTERN = f"^{_NAME_END}({_NAME_CHAR}*{_NAME_END})?$"
+EXPERIMENT_HINT = "must be an experiment name: no control characters, and no space at either end"
 
 TENSORBOARD_DIR = "tensorboard"
 """Event files, under the job's output folder."""
@@ -100,7 +100,7 @@ def mlflow_settings(tracking: TrackingSpec | None, default_uri: str | None) -> M
 
 def tracking_uri_problem(uri: str | None) -> str | None:
     """Why `uri` cannot be a tracking URI (as `ftjob validate` would say it), or None."""
-    if uri is None or (len(uri) <= 512 and re.match(TRACKING_URI_PATTERN, uri)):
+    if uri is None or (len(uri) <= 512 and re.fullmatch(TRACKING_URI_PATTERN, uri)):
         return None
     return f"invalid value {uri!r}: {TRACKING_URI_HINT}"
 

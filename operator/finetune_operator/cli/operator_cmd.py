@@ -6,9 +6,11 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import sys
 import threading
 
+from ..api.base import HTTP_URL_HINT, HTTP_URL_PATTERN
 from ..api.object_storage import ObjectStorageSpec
 from ..api.tracking import tracking_uri_problem
 
@@ -147,6 +149,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let jobs tolerate every taint (a toleration without a key and operator Exists)",
     )
+    parser.add_argument(
+        "--allow-service-account-token-volumes",
+        action="store_true",
+        help="let jobs mount a projected serviceAccountToken volume (spec.podTemplate.volumes), which gives their "
+        "pods an apiserver token",
+    )
     parser.add_argument("--verbose", action="store_true")
 
 
@@ -189,6 +197,8 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     problem = tracking_uri_problem(args.default_tracking_uri)
     if problem:
         raise SystemExit(f"ftjob operator: --default-tracking-uri: {problem}")
+    if args.hub_endpoint and not re.fullmatch(HTTP_URL_PATTERN, args.hub_endpoint):
+        raise SystemExit(f"ftjob operator: --hub-endpoint: invalid value {args.hub_endpoint!r}: {HTTP_URL_HINT}")
     import kopf
     from prometheus_client import start_http_server
 
@@ -225,6 +235,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         priority_classes=tuple(args.allowed_priority_class),
         toleration_keys=tuple(args.allowed_toleration_key),
         tolerate_everything=args.allow_tolerate_all,
+        token_volumes=args.allow_service_account_token_volumes,
     )
     reconciler = Reconciler(KubernetesClusterIO(), options, post_event, policy, hub)
     settings = HandlerSettings(interval_seconds=args.interval, max_workers=args.workers, kueue=args.kueue)

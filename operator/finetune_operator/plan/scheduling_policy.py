@@ -1,4 +1,5 @@
-"""What an installation lets a job ask of the scheduler: priority classes and tolerations.
+"""What an installation lets a job ask of the scheduler and the kubelet: priority classes,
+tolerations and service-account tokens.
 
 A FineTuneJob's author is not the cluster's admin. `system-node-critical` would let a
 training pod preempt kube-proxy or a CNI agent, and a toleration with no key and
@@ -7,12 +8,19 @@ another team's reserved pool). The chart sets the policy (`operator.policy.*` va
 operator's `--allowed-priority-class`, `--allowed-toleration-key` and `--allow-tolerate-all`
 flags); a job outside it is `Failed/InvalidSpec` before any pod exists, naming the field and
 what is allowed.
+
+Trainer pods get no apiserver token. A projected `serviceAccountToken` volume in
+`spec.podTemplate` would give them one for a service account of the namespace (with
+`objectStorage.serviceAccountName`, the one the job names), so it is refused unless the chart
+allows it (`operator.policy.allowServiceAccountTokenVolumes`, `--allow-service-account-token-volumes`),
+e.g. for Vault or SPIFFE authentication with an audience of their own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..api.pod_template import token_volume_fields
 from ..api.spec import FineTuneJobSpec
 from ..api.toleration import Toleration
 from .errors import PlanningError
@@ -32,6 +40,7 @@ class SchedulingPolicy:
     priority_classes: tuple[str, ...] = ()
     toleration_keys: tuple[str, ...] = ()
     tolerate_everything: bool = False
+    token_volumes: bool = False
 
     def problems(self, spec: FineTuneJobSpec) -> list[str]:
         out: list[str] = []
@@ -50,6 +59,12 @@ class SchedulingPolicy:
                 problem = self._toleration_problem(toleration)
                 if problem:
                     out.append(f"{field}[{index}]: {problem}")
+        if not self.token_volumes:
+            out.extend(
+                f"{field}: a projected service-account token would give the trainer pods an apiserver token, which "
+                "this installation does not allow (chart value operator.policy.allowServiceAccountTokenVolumes)"
+                for field in token_volume_fields(overlay)
+            )
         return out
 
     def check(self, spec: FineTuneJobSpec) -> None:

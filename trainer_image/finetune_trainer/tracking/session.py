@@ -29,6 +29,7 @@ from finetune_operator.api.tracking import (
     tensorboard_enabled,
 )
 
+from ..s3_checkpoints import publish_tracking
 from ..settings import JobConfig, env_int
 from .journal import TRACKING_DIR, journal_path
 from .mlflow_sink import MlflowSink, RunSpec
@@ -137,6 +138,7 @@ class TrackingSession:
                 unpublished, reason = publisher.pending(), publisher.reason
                 log.warning("tracking: %d records not sent to MLflow (%s); they stay in %s", unpublished,
                             reason or "no answer", journal_path(self.cfg.output))  # fmt: skip
+        publish_tracking(self.cfg.job.spec, self.cfg.output)  # the journal and event files, now complete
         return self.result(unpublished, reason)
 
     def _outputs(self, summary: TrainingSummary) -> tuple[list[tuple[Path, str]], dict[str, str]]:
