@@ -49,9 +49,11 @@ def test_ranks_are_numbered_host_by_host(node_rank: int, ranks: tuple[int, ...],
 
 def test_each_rank_gets_deepspeeds_environment() -> None:
     slots = node_slots(WORLD, 1)
-    env = rank_env({"KEEP": "1", "RANK": "stale"}, slots, 1, 2, master_addr="127.0.0.2", master_port=29501)
+    env = rank_env({"KEEP": "1", "RANK": "stale"}, slots, 1, 2, master_addr="127.0.0.2", master_port=29501, cpus=7)
     assert env == {
         "KEEP": "1",
+        "OMP_NUM_THREADS": "2",
+        "MKL_NUM_THREADS": "2",
         "MASTER_ADDR": "127.0.0.2",
         "MASTER_PORT": "29501",
         "WORLD_SIZE": "5",
@@ -62,6 +64,50 @@ def test_each_rank_gets_deepspeeds_environment() -> None:
         "LOCAL_RANK": "2",
         "CUDA_VISIBLE_DEVICES": "0,1,2",
     }
+
+
+@pytest.mark.parametrize(
+    ("base", "cpus", "threads"),
+    [
+        ({}, 128, ("16", "16")),  # a GPU pod without resources.cpu: the node's CPUs shared by 8 ranks
+        ({}, 4, ("1", "1")),  # never 0
+        ({"OMP_NUM_THREADS": "3"}, 128, ("3", "3")),  # rendered from resources.cpu, or the user's
+        ({"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "5"}, 128, ("3", "5")),
+    ],
+    ids=["share", "at-least-one", "omp-given", "both-given"],
+)
+def test_each_rank_gets_its_share_of_the_cpus(base: dict[str, str], cpus: int, threads: tuple[str, str]) -> None:
+    """Without OMP_NUM_THREADS torch and MKL start one thread per host core in every rank."""
+    slots = node_slots({"pod-0": list(range(8))}, 0)
+    env = rank_env(base, slots, 0, 5, master_addr="a", master_port=1, cpus=cpus)
+    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == threads
+
+
+def test_a_rank_started_by_the_launcher_runs_its_share_of_threads(tmp_path: Path) -> None:
+    """The real launcher, without OMP_NUM_THREADS in its environment, gives each rank its share of
+    the CPUs it may use (two ranks here)."""
+    report = tmp_path / "threads"
+    script = tmp_path / "report_threads.py"
+    script.write_text(
+        "import os, sys\n"
+        "with open(sys.argv[1] + os.environ['LOCAL_RANK'], 'w') as fh:\n"
+        "    fh.write(os.environ['OMP_NUM_THREADS'] + ' ' + os.environ['MKL_NUM_THREADS'])\n"
+    )
+    world = world_info((("localhost", 2),))
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env.update({"PYTHONPATH": f"{tmp_path}:{env.get('PYTHONPATH', '')}", PRELOAD_ENV: "none"})
+    args = [f"--world_info={world}", "--node_rank=0", "--master_addr=127.0.0.1", "--master_port=1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "finetune_trainer.node_launcher", *args, "report_threads", str(report)],
+        env=env,
+        timeout=50,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    share = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert [(tmp_path / f"threads{r}").read_text() for r in (0, 1)] == [f"{share} {share}"] * 2
 
 
 def test_a_bad_world_or_node_rank_is_refused_by_name() -> None:
@@ -210,4 +256,5 @@ def test_every_name_a_rank_gets_is_one_of_the_pod_contracts_launcher_names() -> 
     from finetune_operator.api.pod_env import LAUNCHER_SET, PodEnv
 
     env = rank_env({}, node_slots(WORLD, 1), 1, 0, master_addr="127.0.0.1", master_port=29500)
-    assert set(env) <= {str(name) for name in LAUNCHER_SET | {PodEnv.MASTER_ADDR, PodEnv.MASTER_PORT}}
+    threads = {PodEnv.OMP_NUM_THREADS, PodEnv.MKL_NUM_THREADS}  # the operator's defaults, filled in where unset
+    assert set(env) <= {str(name) for name in LAUNCHER_SET | {PodEnv.MASTER_ADDR, PodEnv.MASTER_PORT} | threads}

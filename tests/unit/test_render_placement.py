@@ -16,6 +16,7 @@ from finetune_operator.api import FineTuneJob
 from finetune_operator.plan.fixed import fixed_plan
 from finetune_operator.render.manifests import render_all
 from finetune_operator.render.options import RenderOptions
+from finetune_operator.render.workers import NCCL_ENV
 from tests.factories import job_document
 
 OPTIONS = RenderOptions(trainer_image="trainer:test")
@@ -209,11 +210,29 @@ def test_priority_class_in_two_places_is_refused() -> None:
 
 
 def test_omp_threads_follow_the_cpu_limit() -> None:
-    assert env_of(template(job(resources={"cpu": "64"})))["OMP_NUM_THREADS"] == "8"
-    assert env_of(template(job(resources={"cpu": "4", "gpusPerNode": 8})))["OMP_NUM_THREADS"] == "1"
-    assert "OMP_NUM_THREADS" not in env_of(template(job()))
+    """With `resources.cpu` the renderer divides it among the pod's ranks (OpenMP's and MKL's pools);
+    without it the node launcher divides the CPUs the pod may use (`node_launcher.thread_share`)."""
+    threads = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    assert [env_of(template(job(resources={"cpu": "64"})))[k] for k in threads] == ["8", "8"]
+    assert [env_of(template(job(resources={"cpu": "4", "gpusPerNode": 8})))[k] for k in threads] == ["1", "1"]
+    assert not set(threads) & set(env_of(template(job())))
     user = [{"name": "OMP_NUM_THREADS", "value": "3"}]
     assert env_of(template(job(resources={"cpu": "64"}, env=user)))["OMP_NUM_THREADS"] == "3"
+
+
+def test_gpu_pods_abort_a_timed_out_collective_with_a_trace() -> None:
+    """NCCL's watchdog ends a rank stuck past the collective timeout (SIGABRT), says why in the log
+    and dumps its flight recorder; a user's entry wins. CPU pods (gloo) get none of it."""
+    gpu = env_of(template(job(resources={"gpusPerNode": 8})))
+    assert {k: gpu[k] for k in NCCL_ENV} == {
+        "NCCL_DEBUG": "WARN",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    }
+    assert not set(NCCL_ENV) & set(env_of(template(job(resources={"gpusPerNode": 0}))))
+    user = [{"name": "NCCL_DEBUG", "value": "INFO"}]
+    assert env_of(template(job(resources={"gpusPerNode": 8}, env=user)))["NCCL_DEBUG"] == "INFO"
 
 
 def test_fs_group_is_applied_only_on_root_mismatch() -> None:
