@@ -258,3 +258,52 @@ def test_every_name_a_rank_gets_is_one_of_the_pod_contracts_launcher_names() -> 
     env = rank_env({}, node_slots(WORLD, 1), 1, 0, master_addr="127.0.0.1", master_port=29500)
     threads = {PodEnv.OMP_NUM_THREADS, PodEnv.MKL_NUM_THREADS}  # the operator's defaults, filled in where unset
     assert set(env) <= {str(name) for name in LAUNCHER_SET | {PodEnv.MASTER_ADDR, PodEnv.MASTER_PORT} | threads}
+
+
+def test_a_rank_that_aborts_is_reported_as_an_abort_not_the_memory_killer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NCCL's watchdog ends a rank stuck in a timed-out collective with SIGABRT and no Python
+    error: the real launcher's report of it, through the entrypoint's conclusion, once read
+    "SIGKILL, exit 137: the kernel's memory killer". Rank 1 aborts; rank 0 is stopped by the
+    launcher (and says so, as a worker does)."""
+    from finetune_operator.reconcile import termination
+    from finetune_operator.reconcile.observed import Termination
+    from finetune_trainer import launch
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (tmp_path / "aborting_rank.py").write_text(
+        "import os, signal, sys, time\n"
+        "from pathlib import Path\n"
+        "from finetune_trainer import outcome\n"
+        "rank, state = int(os.environ['RANK']), Path(os.environ['FTJOB_RUN_STATE_DIR'])\n"
+        "def stopped(signum, frame):\n"
+        "    outcome.write_rank_failure(state, rank, f'Terminated: stopped by SIGTERM (rank {rank})')\n"
+        "    sys.exit(1)\n"
+        "signal.signal(signal.SIGTERM, stopped)\n"
+        "outcome.mark_rank(state, rank, 'started')\n"
+        "if rank == 1:\n"
+        "    time.sleep(0.5)\n"
+        "    os.abort()\n"
+        "time.sleep(50)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}", PRELOAD_ENV: "none"}
+    env[RUN_STATE_ENV] = str(state)
+    args = [f"--world_info={world_info((('localhost', 2),))}", "--node_rank=0", "--master_addr=a", "--master_port=1"]
+    launcher = subprocess.run(
+        [sys.executable, "-m", "finetune_trainer.node_launcher", *args, "aborting_rank"],
+        env=env,
+        timeout=50,
+        check=False,
+        capture_output=True,
+    )
+    assert launcher.returncode == 128 + signal.SIGABRT, launcher.stderr
+    monkeypatch.setenv("FTJOB_TERMINATION_LOG", str(tmp_path / "termination-log"))
+    result = launch._conclude(state, launcher.returncode, 0, 0, [])
+    assert result.exit_code == 134, result.message
+    assert result.message.startswith("RankAborted: rank 1 on node 0 aborted without an error message (SIGABRT")
+    assert "collective" in result.message and "memory" not in result.message
+    kubelet = Termination(exit_code=134, reason="Error", message=result.message, finished_at="2026-12-05T00:00:00Z")
+    assert not termination.is_out_of_memory(kubelet)  # a collective timeout is never re-planned
+    assert (tmp_path / "termination-log").read_text() == result.message + "\n"
