@@ -45,7 +45,11 @@ def _optimizer(kind: str, params: list[Any]) -> Any:
     if kind == "trainer":
         spec = make_job().spec
         return client_optimizer(params, spec=spec, plan=fixed_plan(spec), on_gpu=False)
-    options = {"capturable": {"capturable": True}, "foreach": {"foreach": True}, "single-tensor": {"foreach": False}}
+    options: dict[str, dict[str, Any]] = {
+        "capturable": {"capturable": True},
+        "foreach": {"foreach": True},
+        "single-tensor": {"foreach": False},
+    }
     return torch.optim.AdamW(params, lr=0.01, **options[kind])
 
 
