@@ -228,7 +228,7 @@ def statefulset(
         pod_spec["serviceAccountName"] = account
     if selector := node_selector(job):
         pod_spec["nodeSelector"] = selector
-    if placement := affinity(job):
+    if placement := affinity(job, options.gpu_placement):
         pod_spec["affinity"] = placement
     if tolerated := tolerations(job):
         pod_spec["tolerations"] = tolerated
