@@ -250,7 +250,7 @@ def test_priority_class_in_two_places_is_refused() -> None:
 
 def test_omp_threads_follow_the_cpu_limit() -> None:
     """With `resources.cpu` the renderer divides it among the pod's ranks (OpenMP's and MKL's pools);
-    without it the node launcher divides the CPUs the pod may use (`node_launcher.thread_share`)."""
+    without it the node launcher divides the CPUs the pod may use (`rank_threads.share`)."""
     threads = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
     assert [env_of(template(job(resources={"cpu": "64"})))[k] for k in threads] == ["8", "8"]
     assert [env_of(template(job(resources={"cpu": "4", "gpusPerNode": 8})))[k] for k in threads] == ["1", "1"]

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Protocol
 
-from . import process_tree
+from . import process_tree, rank_threads
 from .deepspeed_import import import_deepspeed
 
 STOP_GRACE_SECONDS = 30.0
@@ -107,28 +107,6 @@ def node_slots(world: Mapping[str, Sequence[int]], node_rank: int) -> NodeSlots:
     )
 
 
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-"""PodEnv.OMP_NUM_THREADS and MKL_NUM_THREADS: each rank's CPU threads (OpenMP's and MKL's pools)."""
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, which a static CPU manager narrows)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def thread_share(base: Mapping[str, str], local_ranks: int, cpus: int) -> dict[str, str]:
-    """OMP_NUM_THREADS and MKL_NUM_THREADS for each of `local_ranks` ranks sharing `cpus`, where the
-    environment does not set them (the operator renders them from `resources.cpu`; a user's own
-    value wins). Unset, torch and MKL start one thread per host core in every rank: eight ranks
-    on a 128-core GPU node would run 1,024 threads for CPU Adam and batch building."""
-    share = str(max(1, cpus // max(1, local_ranks)))
-    given = base.get(THREAD_VARIABLES[0])
-    return {name: base.get(name) or given or share for name in THREAD_VARIABLES}
-
-
 def rank_env(
     base: Mapping[str, str],
     slots: NodeSlots,
@@ -142,7 +120,7 @@ def rank_env(
     """The environment of one local rank: DeepSpeed's launch contract, and its share of the CPUs
     (`cpus`: those this process may use, by default)."""
     env = dict(base)
-    env.update(thread_share(base, len(slots.global_ranks), usable_cpus() if cpus is None else cpus))
+    env.update(rank_threads.share(base, len(slots.global_ranks), rank_threads.usable_cpus() if cpus is None else cpus))
     env.update(
         {
             "MASTER_ADDR": master_addr,
@@ -286,7 +264,7 @@ def fork_rank(
             _unbuffered_stdio()
         os.environ.clear()
         os.environ.update(env)
-        _apply_threads(env)
+        rank_threads.apply(env)
         sys.argv = [module, *args]
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
@@ -301,14 +279,6 @@ def fork_rank(
             sys.stderr.flush()
         finally:
             os._exit(code)
-
-
-def _apply_threads(env: Mapping[str, str]) -> None:
-    """A forked child's torch was initialised with the launcher's thread count: give it the rank's."""
-    torch = sys.modules.get("torch")
-    threads = env.get(THREAD_VARIABLES[0], "")
-    if torch is not None and threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
 
 
 def _disown_finalizers() -> None:
