@@ -64,6 +64,8 @@ try:
 except Exception as exc:
     report["failed"] = f"{type(exc).__name__}: {exc}"
 Path(sys.argv[3] + str(rank)).write_text(json.dumps(report))
+if rank == 0:  # rank 0 hosts the store: the other rank reads the failure before it goes
+    time.sleep(3)
 """
 
 

@@ -74,7 +74,17 @@ def run(work: Callable[[], None], *, doer: bool, doers: int, what: str) -> None:
     key = f"{KEY_PREFIX}/{next(_calls)}"
     if doer:
         _do(store, key, work)
-    _wait(store, key, doers, what)
+    try:
+        _wait(store, key, doers, what)
+    except (RuntimeError, OSError) as exc:  # DistNetworkError, DistStoreError: the store's host is gone
+        if isinstance(exc, LeaderWorkFailed):
+            raise
+        raise LeaderWorkFailed(f"{what}: Connection closed by peer: rank 0's store is gone ({exc})") from None
+    import torch.distributed as dist
+
+    # every rank has seen the work done before any goes on: rank 0, which hosts the store, must
+    # not end its process while another still polls it (a short wait, within any timeout)
+    dist.barrier()
 
 
 def _do(store: Any, key: str, work: Callable[[], None]) -> None:
