@@ -402,6 +402,19 @@ def test_the_default_tracking_uri_reaches_the_arguments(monkeypatch: pytest.Monk
 
 
 @needs_helm
+@pytest.mark.parametrize("placement", ["memory", "product", "resource"])
+def test_the_gpu_placement_value_reaches_the_render_options(monkeypatch: pytest.MonkeyPatch, placement: str) -> None:
+    """Clusters without GPU Feature Discovery (GKE's default, EKS with only the device plugin) place
+    by another label or by the device plugin's resource alone; GFD's memory label is the default."""
+    from finetune_operator.cli.operator_cmd import render_options
+
+    args, _ = _operator_args(render(), monkeypatch)
+    assert render_options(args).gpu_placement == "memory"
+    args, _ = _operator_args(render(f"gpuPlacement={placement}"), monkeypatch)
+    assert render_options(args).gpu_placement == placement
+
+
+@needs_helm
 def test_operator_runs_alone() -> None:
     spec = one(render(), "Deployment")["spec"]
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
@@ -478,6 +491,7 @@ def test_dashboards_can_be_switched_off() -> None:
         "operator.reconcileInterval=-1",
         "tracking.mlflow.trackingUri=mlflow.example.com",
         "tracking.mlflow.trackingUri=http://user:secret@mlflow.example.com",
+        "gpuPlacement=gfd",
     ],
 )
 def test_schema_rejects_bad_values(bad: str) -> None:

@@ -49,9 +49,11 @@ def test_ranks_are_numbered_host_by_host(node_rank: int, ranks: tuple[int, ...],
 
 def test_each_rank_gets_deepspeeds_environment() -> None:
     slots = node_slots(WORLD, 1)
-    env = rank_env({"KEEP": "1", "RANK": "stale"}, slots, 1, 2, master_addr="127.0.0.2", master_port=29501)
+    env = rank_env({"KEEP": "1", "RANK": "stale"}, slots, 1, 2, master_addr="127.0.0.2", master_port=29501, cpus=7)
     assert env == {
         "KEEP": "1",
+        "OMP_NUM_THREADS": "2",
+        "MKL_NUM_THREADS": "2",
         "MASTER_ADDR": "127.0.0.2",
         "MASTER_PORT": "29501",
         "WORLD_SIZE": "5",
@@ -62,6 +64,50 @@ def test_each_rank_gets_deepspeeds_environment() -> None:
         "LOCAL_RANK": "2",
         "CUDA_VISIBLE_DEVICES": "0,1,2",
     }
+
+
+@pytest.mark.parametrize(
+    ("base", "cpus", "threads"),
+    [
+        ({}, 128, ("16", "16")),  # a GPU pod without resources.cpu: the node's CPUs shared by 8 ranks
+        ({}, 4, ("1", "1")),  # never 0
+        ({"OMP_NUM_THREADS": "3"}, 128, ("3", "3")),  # rendered from resources.cpu, or the user's
+        ({"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "5"}, 128, ("3", "5")),
+    ],
+    ids=["share", "at-least-one", "omp-given", "both-given"],
+)
+def test_each_rank_gets_its_share_of_the_cpus(base: dict[str, str], cpus: int, threads: tuple[str, str]) -> None:
+    """Without OMP_NUM_THREADS torch and MKL start one thread per host core in every rank."""
+    slots = node_slots({"pod-0": list(range(8))}, 0)
+    env = rank_env(base, slots, 0, 5, master_addr="a", master_port=1, cpus=cpus)
+    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == threads
+
+
+def test_a_rank_started_by_the_launcher_runs_its_share_of_threads(tmp_path: Path) -> None:
+    """The real launcher, without OMP_NUM_THREADS in its environment, gives each rank its share of
+    the CPUs it may use (two ranks here)."""
+    report = tmp_path / "threads"
+    script = tmp_path / "report_threads.py"
+    script.write_text(
+        "import os, sys\n"
+        "with open(sys.argv[1] + os.environ['LOCAL_RANK'], 'w') as fh:\n"
+        "    fh.write(os.environ['OMP_NUM_THREADS'] + ' ' + os.environ['MKL_NUM_THREADS'])\n"
+    )
+    world = world_info((("localhost", 2),))
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env.update({"PYTHONPATH": f"{tmp_path}:{env.get('PYTHONPATH', '')}", PRELOAD_ENV: "none"})
+    args = [f"--world_info={world}", "--node_rank=0", "--master_addr=127.0.0.1", "--master_port=1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "finetune_trainer.node_launcher", *args, "report_threads", str(report)],
+        env=env,
+        timeout=50,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    share = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert [(tmp_path / f"threads{r}").read_text() for r in (0, 1)] == [f"{share} {share}"] * 2
 
 
 def test_a_bad_world_or_node_rank_is_refused_by_name() -> None:
@@ -210,4 +256,54 @@ def test_every_name_a_rank_gets_is_one_of_the_pod_contracts_launcher_names() -> 
     from finetune_operator.api.pod_env import LAUNCHER_SET, PodEnv
 
     env = rank_env({}, node_slots(WORLD, 1), 1, 0, master_addr="127.0.0.1", master_port=29500)
-    assert set(env) <= {str(name) for name in LAUNCHER_SET | {PodEnv.MASTER_ADDR, PodEnv.MASTER_PORT}}
+    threads = {PodEnv.OMP_NUM_THREADS, PodEnv.MKL_NUM_THREADS}  # the operator's defaults, filled in where unset
+    assert set(env) <= {str(name) for name in LAUNCHER_SET | {PodEnv.MASTER_ADDR, PodEnv.MASTER_PORT} | threads}
+
+
+def test_a_rank_that_aborts_is_reported_as_an_abort_not_the_memory_killer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NCCL's watchdog ends a rank stuck in a timed-out collective with SIGABRT and no Python
+    error: the real launcher's report of it, through the entrypoint's conclusion, once read
+    "SIGKILL, exit 137: the kernel's memory killer". Rank 1 aborts; rank 0 is stopped by the
+    launcher (and says so, as a worker does)."""
+    from finetune_operator.reconcile import termination
+    from finetune_operator.reconcile.observed import Termination
+    from finetune_trainer import launch
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (tmp_path / "aborting_rank.py").write_text(
+        "import os, signal, sys, time\n"
+        "from pathlib import Path\n"
+        "from finetune_trainer import outcome\n"
+        "rank, state = int(os.environ['RANK']), Path(os.environ['FTJOB_RUN_STATE_DIR'])\n"
+        "def stopped(signum, frame):\n"
+        "    outcome.write_rank_failure(state, rank, f'Terminated: stopped by SIGTERM (rank {rank})')\n"
+        "    sys.exit(1)\n"
+        "signal.signal(signal.SIGTERM, stopped)\n"
+        "outcome.mark_rank(state, rank, 'started')\n"
+        "if rank == 1:\n"
+        "    time.sleep(0.5)\n"
+        "    os.abort()\n"
+        "time.sleep(50)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}", PRELOAD_ENV: "none"}
+    env[RUN_STATE_ENV] = str(state)
+    args = [f"--world_info={world_info((('localhost', 2),))}", "--node_rank=0", "--master_addr=a", "--master_port=1"]
+    launcher = subprocess.run(
+        [sys.executable, "-m", "finetune_trainer.node_launcher", *args, "aborting_rank"],
+        env=env,
+        timeout=50,
+        check=False,
+        capture_output=True,
+    )
+    assert launcher.returncode == 128 + signal.SIGABRT, launcher.stderr
+    monkeypatch.setenv("FTJOB_TERMINATION_LOG", str(tmp_path / "termination-log"))
+    result = launch._conclude(state, launcher.returncode, 0, 0, [])
+    assert result.exit_code == 134, result.message
+    assert result.message.startswith("RankAborted: rank 1 on node 0 aborted without an error message (SIGABRT")
+    assert "collective" in result.message and "memory" not in result.message
+    kubelet = Termination(exit_code=134, reason="Error", message=result.message, finished_at="2026-12-05T00:00:00Z")
+    assert not termination.is_out_of_memory(kubelet)  # a collective timeout is never re-planned
+    assert (tmp_path / "termination-log").read_text() == result.message + "\n"

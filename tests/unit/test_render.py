@@ -256,7 +256,7 @@ def test_every_env_name_the_operator_sets_is_reserved_or_a_default_users_may_ove
     """A user env var of a name the operator also sets duplicated the key: the apiserver refused
     the StatefulSet and the job was left without status. Every such name must be reserved."""
     from finetune_operator.api.spec import RESERVED_ENV
-    from finetune_operator.render.workers import DEFAULT_ENV
+    from finetune_operator.render.workers import DEFAULT_ENV, NCCL_ENV
 
     j = job(
         model={"uri": "meta-llama/Llama-3.1-8B"},
@@ -264,7 +264,8 @@ def test_every_env_name_the_operator_sets_is_reserved_or_a_default_users_may_ove
         resources={"numNodes": 2, "gpusPerNode": 8, "cpu": "32"},
     )
     names = [e["name"] for e in container(rendered(j))["env"]]
-    overridable = {*DEFAULT_ENV, "HF_TOKEN", "OMP_NUM_THREADS", "HF_ENDPOINT", "FTJOB_DOWNLOAD_TIMEOUT_SECONDS"}
+    overridable = {*DEFAULT_ENV, *NCCL_ENV, "HF_TOKEN", "HF_ENDPOINT", "FTJOB_DOWNLOAD_TIMEOUT_SECONDS"}
+    overridable |= {"OMP_NUM_THREADS", "MKL_NUM_THREADS"}
     assert "FTJOB_PREFETCH_MODEL" in names and "DS_ACCELERATOR" in names
     assert sorted(n for n in names if n not in overridable and n not in RESERVED_ENV) == []
     assert len(names) == len(set(names))

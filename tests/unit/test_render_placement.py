@@ -15,7 +15,8 @@ from pydantic import ValidationError
 from finetune_operator.api import FineTuneJob
 from finetune_operator.plan.fixed import fixed_plan
 from finetune_operator.render.manifests import render_all
-from finetune_operator.render.options import RenderOptions
+from finetune_operator.render.options import GpuPlacement, RenderOptions
+from finetune_operator.render.workers import NCCL_ENV
 from tests.factories import job_document
 
 OPTIONS = RenderOptions(trainer_image="trainer:test")
@@ -42,6 +43,45 @@ def test_gpu_memory_becomes_a_node_requirement_on_the_gfd_label(memory: str, flo
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
     assert terms == [{"matchExpressions": [{"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": [str(floor)]}]}]
+
+
+def _required(j: FineTuneJob, placement: GpuPlacement) -> Any:
+    objects = render_all(j, fixed_plan(j.spec), RenderOptions(gpu_placement=placement), 2)
+    sts = next(o for o in objects if o["kind"] == "StatefulSet")
+    return sts["spec"]["template"]["spec"].get("affinity")
+
+
+def test_product_placement_requires_the_known_products_with_that_memory() -> None:
+    terms = _required(job(resources={"gpuMemory": "80Gi"}), GpuPlacement.PRODUCT)["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert len(terms) == 1 and len(terms[0]["matchExpressions"]) == 1
+    expression = terms[0]["matchExpressions"][0]
+    assert (expression["key"], expression["operator"]) == ("nvidia.com/gpu.product", "In")
+    assert {"NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB", "NVIDIA-H200"} <= set(expression["values"])
+    assert not {"NVIDIA-L4", "NVIDIA-A100-SXM4-40GB", "Tesla-T4"} & set(expression["values"])
+
+
+def test_product_placement_of_a_gpu_larger_than_any_known_waits_instead_of_landing_on_a_smaller_one() -> None:
+    expression = _required(job(resources={"gpuMemory": "400Gi"}), GpuPlacement.PRODUCT)["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"][0]["matchExpressions"][0]
+    assert expression["values"] == ["none-known-with-400Gi"]
+
+
+def test_resource_placement_requires_no_gpu_label() -> None:
+    """Without GPU Feature Discovery no node has its labels: the device plugin's resource alone places
+    the pods (they used to stay Pending forever); the toleration and a user's own affinity stay."""
+    bare = job(resources={"gpuMemory": "80Gi"})
+    assert _required(bare, GpuPlacement.RESOURCE) is None
+    spec = template(bare)["spec"]
+    assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    pool = {"key": "cloud.google.com/gke-accelerator", "operator": "In", "values": ["nvidia-h100-80gb"]}
+    user = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [pool]}
+    ]}}}  # fmt: skip
+    assert _required(job(podTemplate={"affinity": user}), GpuPlacement.RESOURCE) == user
 
 
 def test_h100_and_l4_labels_pass_their_nominal_size() -> None:
@@ -209,11 +249,29 @@ def test_priority_class_in_two_places_is_refused() -> None:
 
 
 def test_omp_threads_follow_the_cpu_limit() -> None:
-    assert env_of(template(job(resources={"cpu": "64"})))["OMP_NUM_THREADS"] == "8"
-    assert env_of(template(job(resources={"cpu": "4", "gpusPerNode": 8})))["OMP_NUM_THREADS"] == "1"
-    assert "OMP_NUM_THREADS" not in env_of(template(job()))
+    """With `resources.cpu` the renderer divides it among the pod's ranks (OpenMP's and MKL's pools);
+    without it the node launcher divides the CPUs the pod may use (`rank_threads.share`)."""
+    threads = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    assert [env_of(template(job(resources={"cpu": "64"})))[k] for k in threads] == ["8", "8"]
+    assert [env_of(template(job(resources={"cpu": "4", "gpusPerNode": 8})))[k] for k in threads] == ["1", "1"]
+    assert not set(threads) & set(env_of(template(job())))
     user = [{"name": "OMP_NUM_THREADS", "value": "3"}]
     assert env_of(template(job(resources={"cpu": "64"}, env=user)))["OMP_NUM_THREADS"] == "3"
+
+
+def test_gpu_pods_abort_a_timed_out_collective_with_a_trace() -> None:
+    """NCCL's watchdog ends a rank stuck past the collective timeout (SIGABRT), says why in the log
+    and dumps its flight recorder; a user's entry wins. CPU pods (gloo) get none of it."""
+    gpu = env_of(template(job(resources={"gpusPerNode": 8})))
+    assert {k: gpu[k] for k in NCCL_ENV} == {
+        "NCCL_DEBUG": "WARN",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    }
+    assert not set(NCCL_ENV) & set(env_of(template(job(resources={"gpusPerNode": 0}))))
+    user = [{"name": "NCCL_DEBUG", "value": "INFO"}]
+    assert env_of(template(job(resources={"gpusPerNode": 8}, env=user)))["NCCL_DEBUG"] == "INFO"
 
 
 def test_fs_group_is_applied_only_on_root_mismatch() -> None:

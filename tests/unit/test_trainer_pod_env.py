@@ -40,14 +40,40 @@ def test_only_hub_models_are_fetched(uri: str, repo: str | None) -> None:
     assert hub_repo(uri) == repo
 
 
-def _cfg(uri: str) -> Any:
+def _cfg(uri: str, dataset: str = "/data.jsonl") -> Any:
     from finetune_operator.api.job import FineTuneJob
     from tests.support.training_runs import job_manifest
 
     class Cfg:
-        job = FineTuneJob.from_manifest(job_manifest(uri, "/data.jsonl", "/out"))
+        job = FineTuneJob.from_manifest(job_manifest(uri, dataset, "/out"))
 
     return Cfg()
+
+
+@pytest.mark.parametrize(
+    ("model", "dataset", "user", "offline"),
+    [
+        ("org/model", "/data.jsonl", None, "1"),  # prefetched: the ranks load it from the cache
+        ("org/model", "hf://org/data", None, None),  # the ranks still read a dataset from the hub
+        ("pvc://models/llama", "/data.jsonl", None, None),  # nothing prefetched
+        ("org/model", "/data.jsonl", "0", "0"),  # the user's own value
+    ],
+    ids=["prefetched", "hub-dataset", "claim-model", "user-value"],
+)
+def test_the_ranks_do_not_ask_the_hub_again_after_the_prefetch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model: str, dataset: str, user: str | None, offline: str | None
+) -> None:
+    """After the pod's prefetch every rank (8 per pod) asked the hub for the model's files again."""
+    from finetune_trainer import launch
+
+    monkeypatch.setenv(PodEnv.FTJOB_PREFETCH_MODEL, "1")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    if user is not None:
+        monkeypatch.setenv("HF_HUB_OFFLINE", user)
+    cfg = _cfg(model, dataset)
+    prefetched = prefetch(cfg, 1, downloader=lambda repo, **_: str(tmp_path), total=0)
+    env = launch._rank_env(tmp_path, False, offline=launch.hub_offline(cfg, prefetched))
+    assert env.get("HF_HUB_OFFLINE") == offline
 
 
 def test_prefetch_downloads_once_when_the_pod_asks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -11,9 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from finetune_operator.reconcile.observed import observe
 from finetune_operator.reconcile.runner import Reconciler
-from tests.support.cluster import FakeCluster, config_hash_of, reconciler_on, statefulset_of, stored_job
+from finetune_operator.render.options import GpuPlacement, RenderOptions
+from tests.support.cluster import (
+    FakeCluster,
+    config_hash_of,
+    ignore_events,
+    reconciler_on,
+    statefulset_of,
+    stored_job,
+)
 from tests.support.lifecycle import pod
 
 MULTI_ATTACH = 'Multi-Attach error for volume "pvc-1" Volume is already used by pod(s) job-0'
@@ -63,3 +73,38 @@ def test_a_pod_without_warnings_or_one_that_says_why_itself_costs_no_event_read(
     assert (
         _running_condition(store)["message"] == "1 of 2 workers ready; job-1: trainer ImagePullBackOff: no such image"
     )
+
+
+UNSCHEDULABLE = "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
+
+
+@pytest.mark.parametrize(
+    ("placement", "hint"),
+    [
+        (GpuPlacement.MEMORY, "require the node label nvidia.com/gpu.memory (GPU Feature Discovery)"),
+        (GpuPlacement.PRODUCT, "require the node label nvidia.com/gpu.product (GPU Feature Discovery)"),
+        (GpuPlacement.RESOURCE, None),
+    ],
+)
+def test_a_pod_no_node_can_take_says_why_in_the_running_condition(placement: GpuPlacement, hint: str | None) -> None:
+    """The scheduler's own reason for a Pending pod is the job's Running message, in every GPU
+    placement; where the pod requires a GPU Feature Discovery label, it also says how to place
+    without one (a cluster without GFD left the pods Pending with nothing to turn it off)."""
+    store = FakeCluster(stored_job())
+    reconciler = Reconciler(store, RenderOptions(trainer_image="t", gpu_placement=placement), ignore_events)
+    reconciler.reconcile(store.job(), observe(None, []))
+    sts = statefulset_of(store.applied[-1])
+    waiting = pending(1, config_hash_of(sts))
+    waiting["spec"] = sts["spec"]["template"]["spec"]  # the pod the StatefulSet made from the rendered template
+    waiting["status"]["conditions"].append(
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": UNSCHEDULABLE}
+    )
+
+    reconciler.reconcile(store.job(), observe(sts, [pod(0, config_hash=config_hash_of(sts)), waiting]))
+    running = _running_condition(store)
+    assert (running["status"], running["reason"]) == ("False", "WaitingForWorkers")
+    assert running["message"].startswith(f"1 of 2 workers ready; job-1: {UNSCHEDULABLE}"), running["message"]
+    if hint is None:
+        assert running["message"] == f"1 of 2 workers ready; job-1: {UNSCHEDULABLE}"
+    else:
+        assert hint in running["message"] and "gpuPlacement" in running["message"], running["message"]

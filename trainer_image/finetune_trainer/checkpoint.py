@@ -26,6 +26,7 @@ import random
 import re
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,7 +167,9 @@ def fault_point(where: str, step: int, once_in: Path | None = None) -> None:
     there; FTJOB_FAULT_STOP=<where>:<step> SIGSTOPs it, so a test can kill the whole pod at a
     known step instead of racing the training loop; FTJOB_FAULT_OOM=<where>:<step> raises a
     real `torch.OutOfMemoryError` there, as a CUDA allocation would, so the operator's
-    out-of-memory re-plan can be driven by real ranks. Each variable may name several points,
+    out-of-memory re-plan can be driven by real ranks; FTJOB_FAULT_SLOW=<where>:<step> makes the
+    rank sleep FTJOB_FAULT_SLOW_SECONDS (5) there, as a large model's conversion or export would
+    take long. Each variable may name several points,
     comma-separated. With `once_in` (the output folder) a kill or an out-of-memory error fires
     once per rank and point (a marker is kept there, or in FTJOB_FAULT_ONCE_DIR when set): the
     restarted gang, started with the same environment, passes it and meets the next one."""
@@ -191,6 +194,8 @@ def fault_point(where: str, step: int, once_in: Path | None = None) -> None:
         raise torch.OutOfMemoryError(f"CUDA out of memory (injected by FTJOB_FAULT_OOM={here})")
     if armed("FTJOB_FAULT_KILL") and first_time("kill"):
         os.kill(os.getpid(), signal.SIGKILL)
+    if armed("FTJOB_FAULT_SLOW"):
+        time.sleep(float(os.environ.get("FTJOB_FAULT_SLOW_SECONDS", "5")))
     if armed("FTJOB_FAULT_STOP"):
         os.kill(os.getpid(), signal.SIGSTOP)
 

@@ -40,9 +40,17 @@ def _swap_in(tmp: Path, final: Path) -> Path:
 
 def save_trained(model: Any, tokenizer: Any, out: Path, method: MethodType, rank: int) -> Path:
     """Adapter (lora/qlora) or full weights to `out`, collectively; returns the folder."""
-    state = gathered_state_dict(model, rank, trainable_only=method != MethodType.FULL)
-    if rank != 0:
-        return out
+    state = gather_trained(model, method, rank)
+    return write_trained(model, tokenizer, out, state) if rank == 0 else out
+
+
+def gather_trained(model: Any, method: MethodType, rank: int) -> dict[str, Any]:
+    """Collective: the adapter's (lora/qlora) or the whole model's (full) tensors, on rank 0's host."""
+    return gathered_state_dict(model, rank, trainable_only=method != MethodType.FULL)
+
+
+def write_trained(model: Any, tokenizer: Any, out: Path, state: dict[str, Any]) -> Path:
+    """Rank 0: the gathered tensors and the tokenizer into `out` (safetensors, swapped in whole)."""
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)

@@ -33,7 +33,7 @@ from finetune_operator.api.pod_env import CUDA_ALLOCATOR_DEFAULT, PodEnv
 from . import node_launcher, outcome, process_tree, s3_checkpoints, s3_inputs, shm_segments
 from .download_gate import DownloadTimeout, download_timeout, gang_ready, within_limit
 from .objstore import StoreError
-from .paths import completion_marker
+from .paths import completion_marker, resolve_uri
 from .prefetch import prefetch
 from .settings import ConfigError, JobConfig, env_int, load_config
 from .tracking.session import TrackingSession, start_session
@@ -103,10 +103,22 @@ def start_launcher(
     return subprocess.Popen(launcher_command(cfg, node_rank, master_addr, master_port), env=env)
 
 
-def _rank_env(state_dir: Path, progress: bool) -> dict[str, str]:
+def hub_offline(cfg: JobConfig, prefetched: str | None) -> bool:
+    """Whether the ranks may run with HF_HUB_OFFLINE=1: the pod prefetched the hub model (and its
+    tokenizer) into its cache, and no dataset the ranks read is on the hub. Otherwise every rank
+    (8 per pod) asks the hub for the model's files again, and fails where the hub is unreachable."""
+    if prefetched is None:
+        return False
+    data = cfg.job.spec.dataset
+    return all(resolve_uri(uri) is not None for uri in (data.uri, data.validation_uri) if uri)
+
+
+def _rank_env(state_dir: Path, progress: bool, *, offline: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env[PodEnv.FTJOB_RUN_STATE_DIR] = str(state_dir)
     env.setdefault(PodEnv.PYTORCH_CUDA_ALLOC_CONF, CUDA_ALLOCATOR_DEFAULT)
+    if offline:  # a user's own HF_HUB_OFFLINE is kept
+        env.setdefault(PodEnv.HF_HUB_OFFLINE, "1")
     if progress:
         env[PodEnv.FTJOB_PROGRESS] = "1"
     if PodEnv.DS_ACCELERATOR not in env:  # pods have it from the operator; `ftjob run` may not
@@ -164,7 +176,7 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
     try:
         limit = download_timeout()
         deadline = time.monotonic() + limit + GANG_SLACK_SECONDS
-        within_limit(lambda: prefetch(cfg, node_rank), limit, f"downloading {cfg.job.spec.model.uri}")
+        prefetched = within_limit(lambda: prefetch(cfg, node_rank), limit, f"downloading {cfg.job.spec.model.uri}")
         if os.environ.get(PodEnv.FTJOB_PREFETCH_MODEL) == "1":  # every pod has the model before any rank starts
             gang_ready(node_rank, len(cfg.hosts), master_addr, master_port, deadline)
     except DownloadTimeout as exc:
@@ -185,7 +197,8 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
     with tempfile.TemporaryDirectory(prefix="ftjob-run-") as tmp:
         state_dir = Path(tmp)
         started = time.time()
-        proc = start_launcher(cfg, node_rank, master_addr, master_port, _rank_env(state_dir, progress))
+        rank_env = _rank_env(state_dir, progress, offline=hub_offline(cfg, prefetched))
+        proc = start_launcher(cfg, node_rank, master_addr, master_port, rank_env)
         terminated = {"signal": 0}
         signalled: list[Any] = []
 

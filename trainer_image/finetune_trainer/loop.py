@@ -19,7 +19,7 @@ from finetune_operator.api.pod_contract import CheckpointState, TrainingSummary
 from finetune_operator.api.spec import MethodType
 from finetune_operator.api.strategy import Strategy
 
-from . import checkpoint, evaluation, export, modeling, rank_setup, s3_checkpoints, universal
+from . import checkpoint, evaluation, export, leader_work, modeling, rank_setup, s3_checkpoints, universal
 from .data.batching import collate
 from .devices import float64_on_rank
 from .loss import training_loss
@@ -439,13 +439,17 @@ class Trainer:
     ) -> TrainingSummary:
         full = self.spec.method.type == MethodType.FULL
         target = self.out / ("model" if full else "adapter")
-        export.save_trained(self.engine.module, self.tokenizer, target, self.spec.method.type, self.dist.rank)
-        merged = None
-        if self.spec.output.merged_model and not full and self.dist.rank == 0:
-            merged = export.save_merged(
-                self.model_path, target, self.tokenizer, self.out / "merged", self.compute.dtype_name
-            )
-        self.dist.barrier()
+        merged = self.out / "merged" if self.spec.output.merged_model and not full else None
+        gathered = export.gather_trained(self.engine.module, self.spec.method.type, self.dist.rank)
+
+        def write() -> None:  # rank 0, while the others wait outside the collective timeout
+            checkpoint.fault_point("export", self.data.total_steps)
+            export.write_trained(self.engine.module, self.tokenizer, target, gathered)
+            if merged is not None:
+                export.save_merged(self.model_path, target, self.tokenizer, merged, self.compute.dtype_name)
+
+        leader_work.run(write, doer=self.dist.rank == 0, doers=1, what="writing the trained model")
+        gathered.clear()
         where = {path: str(path) for path in (target, merged) if path is not None}
         if self.s3 is not None:
             where.update(self.s3.publish_results(self.out, [target, *([merged] if merged else [])]))

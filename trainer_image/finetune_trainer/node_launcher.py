@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Protocol
 
-from . import process_tree
+from . import process_tree, rank_threads
 from .deepspeed_import import import_deepspeed
 
 STOP_GRACE_SECONDS = 30.0
@@ -54,6 +54,10 @@ RUN_STATE_ENV = "FTJOB_RUN_STATE_DIR"
 """PodEnv.FTJOB_RUN_STATE_DIR (the api package imports pydantic, which the launcher does not load)."""
 STOPPING_FILE = "stopping"
 """outcome.STOPPING_FILE: written there when a failed rank makes the launcher stop the others."""
+EXIT_FILE = "rank{rank}.exit"
+"""outcome.EXIT_FILE: the exit status of the rank whose failure stopped the others (a negative
+signal number for a rank killed by a signal), so a rank that died without a word is told apart:
+SIGKILL (the memory killer, an eviction) from SIGABRT (NCCL's watchdog, a C++ abort)."""
 
 PRELOAD_ENV = "FTJOB_LAUNCHER_PRELOAD"
 """Comma-separated modules to import once and fork the ranks from (CPU nodes only), or `none`."""
@@ -104,10 +108,19 @@ def node_slots(world: Mapping[str, Sequence[int]], node_rank: int) -> NodeSlots:
 
 
 def rank_env(
-    base: Mapping[str, str], slots: NodeSlots, node_rank: int, local_rank: int, *, master_addr: str, master_port: int
+    base: Mapping[str, str],
+    slots: NodeSlots,
+    node_rank: int,
+    local_rank: int,
+    *,
+    master_addr: str,
+    master_port: int,
+    cpus: int | None = None,
 ) -> dict[str, str]:
-    """The environment of one local rank: DeepSpeed's launch contract."""
+    """The environment of one local rank: DeepSpeed's launch contract, and its share of the CPUs
+    (`cpus`: those this process may use, by default)."""
     env = dict(base)
+    env.update(rank_threads.share(base, len(slots.global_ranks), rank_threads.usable_cpus() if cpus is None else cpus))
     env.update(
         {
             "MASTER_ADDR": master_addr,
@@ -251,6 +264,7 @@ def fork_rank(
             _unbuffered_stdio()
         os.environ.clear()
         os.environ.update(env)
+        rank_threads.apply(env)
         sys.argv = [module, *args]
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
@@ -297,8 +311,24 @@ def _mark_stopping() -> None:
         print(f"node launcher: cannot write {path}: {exc}", file=sys.stderr)
 
 
-def supervise(ranks: Sequence[RankProcess], grace: float = STOP_GRACE_SECONDS) -> int:
-    """Wait for the ranks; the first failure stops the rest and is the result."""
+def _mark_exit(rank: int, code: int) -> None:
+    state_dir = os.environ.get(RUN_STATE_ENV)
+    if not state_dir:
+        return
+    path = os.path.join(state_dir, EXIT_FILE.format(rank=rank))
+    try:
+        with open(path, "w") as fh:
+            fh.write(str(code))
+    except OSError as exc:  # only the report loses the signal's name
+        print(f"node launcher: cannot write {path}: {exc}", file=sys.stderr)
+
+
+def supervise(
+    ranks: Sequence[RankProcess], grace: float = STOP_GRACE_SECONDS, *, global_ranks: Sequence[int] = ()
+) -> int:
+    """Wait for the ranks; the first failure stops the rest and is the result (its exit status is
+    noted for the rank `global_ranks` gives it, in the same order as `ranks`)."""
+    rank_of = dict(zip((proc.pid for proc in ranks), global_ranks, strict=False))
     by_pid = {proc.pid: proc for proc in ranks}
     running = set(by_pid)
     while running:
@@ -313,6 +343,8 @@ def supervise(ranks: Sequence[RankProcess], grace: float = STOP_GRACE_SECONDS) -
         by_pid[pid].returncode = code
         if code != 0:
             print(f"node launcher: rank process {pid} exited with {code}; stopping the others", file=sys.stderr)
+            if pid in rank_of:
+                _mark_exit(rank_of[pid], code)
             _mark_stopping()
             _stop(ranks, grace)
             return exit_code(code)
@@ -369,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ranks.append(fork_rank(args.module, args.args, env))
         else:
             ranks.append(subprocess.Popen([sys.executable, "-u", "-m", args.module, *args.args], env=env))
-    return supervise(ranks)
+    return supervise(ranks, global_ranks=slots.global_ranks)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ recognised from CUDA and host allocator errors and MemoryError, so the operator 
 re-plan instead of retrying the same strategy. A rank that vanishes without a word
 (SIGKILL, exit 137) is `RankKilled`: the kernel's memory killer is one cause, but so are
 an eviction or a person; when it was the memory killer, the kubelet reports the
-container as OOMKilled, and that is what the operator re-plans on. `DataError` (the data is
+container as OOMKilled, and that is what the operator re-plans on. A rank that ends by SIGABRT
+without a word (exit 134: NCCL's watchdog after a collective timeout, or a C++ abort) is
+`RankAborted`, never taken for the memory killer. `DataError` (the data is
 wrong) and `ConfigError` (a setting cannot work) fail the same way on every restart, so the
 operator does not retry them; `DataUnavailable` and `ModelNotFound` (not found or not fetched)
 may pass on a later try and are retried.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -41,9 +44,13 @@ CONFIG_ERROR = TerminationReason.CONFIG_ERROR
 TRAINING_ERROR = TerminationReason.TRAINING_ERROR
 TERMINATED = TerminationReason.TERMINATED
 RANK_KILLED = TerminationReason.RANK_KILLED
+RANK_ABORTED = TerminationReason.RANK_ABORTED
 REASONS = tuple(TerminationReason)
 MAX_LINE = MAX_MESSAGE_LINE
 SIGKILL_EXIT_CODE = 137
+SIGABRT_EXIT_CODE = 134
+EXIT_FILE = "rank{rank}.exit"
+"""node_launcher.EXIT_FILE: the exit status of the rank whose failure made the launcher stop the others."""
 SUMMARY_FILE = "summary.json"
 """In the run-state folder: the summary local rank 0 leaves for the entrypoint."""
 
@@ -181,6 +188,9 @@ def root_cause(state_dir: Path, node_rank: int) -> tuple[str, int] | None:
     error_before_stop = stop_began is not None and any(
         weight(e)[0] == 0 and weight(e)[1] <= stop_began for e in entries
     )
+    aborted = [r for r in silent if _exit_status(state_dir, r) in (-signal.SIGABRT, SIGABRT_EXIT_CODE)]
+    if aborted and not error_before_stop:
+        return _aborted_line(f"rank {', '.join(str(r) for r in aborted)}", node_rank), SIGABRT_EXIT_CODE
     if silent and not error_before_stop:
         ranks = ", ".join(str(r) for r in silent)
         return (
@@ -193,8 +203,25 @@ def root_cause(state_dir: Path, node_rank: int) -> tuple[str, int] | None:
     return str(min(entries, key=weight)["line"]), 1
 
 
+def _exit_status(state_dir: Path, rank: int) -> int | None:
+    try:
+        return int((state_dir / EXIT_FILE.format(rank=rank)).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _aborted_line(who: str, node_rank: int) -> str:
+    return (
+        f"{RANK_ABORTED}: {who} on node {node_rank} aborted without an error message (SIGABRT, exit 134): "
+        "NCCL's watchdog ends a rank whose collective outlived the collective timeout (its log has NCCL's "
+        "warning and the flight-recorder dump says which collective each rank was in), or a C++ assertion failed"
+    )
+
+
 def launcher_failure_line(returncode: int, node_rank: int) -> tuple[str, int]:
     """Root cause and exit code when no rank left a message (it was killed)."""
+    if returncode in (-signal.SIGABRT, SIGABRT_EXIT_CODE):  # the launcher passed on a rank's SIGABRT
+        return _aborted_line("a training process", node_rank), SIGABRT_EXIT_CODE
     # -9: the launcher itself was killed; 137: it passed on a rank's SIGKILL (247: DeepSpeed's launcher did).
     if returncode in (-9, 137, 247):
         return (

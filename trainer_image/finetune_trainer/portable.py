@@ -21,7 +21,8 @@ Where each strategy keeps the fp32 master and the Adam moments of a parameter:
 - ZeRO-0 in fp32: the client optimizer steps the model's parameters themselves.
 The Adam step count is saved as the optimizer counts it: DeepSpeed's ZeRO-0 16-bit wrappers
 take one all-zero step when they are built, and their runs continue with that count on any
-strategy, as they would have uninterrupted.
+strategy, as they would have uninterrupted. It is restored where the optimizer's own first step
+puts it (`step_value`): on the parameter's device for torch's fused AdamW, which the trainer uses.
 """
 
 from __future__ import annotations
@@ -215,22 +216,39 @@ def size_bytes(state: dict[str, Any]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def step_value(optimizer: Any, group: dict[str, Any], param: Any, step: int) -> Any:
+    """Adam's step count as `optimizer`'s own first step would create it for `param`.
+
+    torch's fused and capturable Adam(W) keep it as a float32 tensor on the parameter's device
+    (their kernels read it there: a CPU tensor beside CUDA parameters fails the first step after
+    a resume), the others as a CPU scalar tensor of torch's scalar dtype; DeepSpeed's CPU Adam
+    takes a plain int (its C++ kernel's argument)."""
+    import torch
+
+    if type(optimizer).__name__ == "DeepSpeedCPUAdam":
+        return step
+    if group.get("fused") or group.get("capturable"):
+        return torch.tensor(float(step), dtype=torch.float32, device=param.device)
+    scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+    return torch.tensor(float(step), dtype=scalar)
+
+
 def _ensure_optimizer_state(engine: Any, step: int) -> None:
     """Create the Adam state a fresh engine has not built yet (it is lazy until the first step)."""
     import torch
 
     basic = _basic_optimizer(engine)
-    integer_step = type(basic).__name__ == "DeepSpeedCPUAdam"  # its C++ kernel takes the step as an int
     # ZeRO-3 hands its fp32 partitions to the optimizer's param groups only during a step
     flat = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None)
     held = list(flat) if flat is not None else [p for group in basic.param_groups for p in group["params"]]
+    groups = {id(p): group for group in basic.param_groups for p in group["params"]}
     for p in held:
         if p is not None:
             state = basic.state[p]
             for key in MOMENTS:
                 if key not in state:
                     state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["step"] = step if integer_step else torch.tensor(float(step), dtype=torch.float32)
+            state["step"] = step_value(basic, groups.get(id(p), basic.defaults), p, step)
     relink = getattr(engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
     if relink is not None:  # ZeRO 1/2: map each parameter's fragment onto the new state tensors
         engine.optimizer._hp_optimizer_states_linked = False

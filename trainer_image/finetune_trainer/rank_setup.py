@@ -121,6 +121,21 @@ def summarize_parameters(model: Any, spec: FineTuneJobSpec) -> ParameterSummary:
     return ParameterSummary(trainable=trainable, total=total, lora_skipped=lora_skipped)
 
 
+def client_optimizer(params: list[Any], *, spec: FineTuneJobSpec, plan: PlanStatus, on_gpu: bool) -> Any:
+    """The optimizer `build_engine` hands DeepSpeed: torch's fused AdamW, or DeepSpeed's CPU Adam
+    when a GPU run offloads the optimizer."""
+    import torch
+
+    if on_gpu and plan.offload_optimizer != "none":
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(
+            params, lr=spec.training.learning_rate, weight_decay=spec.training.weight_decay, adamw_mode=True
+        )
+    training = spec.training
+    return torch.optim.AdamW(params, lr=training.learning_rate, weight_decay=training.weight_decay, fused=True)
+
+
 def build_engine(
     model: Any,
     *,
@@ -145,16 +160,7 @@ def build_engine(
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
-    if on_gpu and plan.offload_optimizer != "none":
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-        optimizer: Any = DeepSpeedCPUAdam(
-            params, lr=spec.training.learning_rate, weight_decay=spec.training.weight_decay, adamw_mode=True
-        )
-    else:
-        optimizer = torch.optim.AdamW(
-            params, lr=spec.training.learning_rate, weight_decay=spec.training.weight_decay, fused=True
-        )
+    optimizer = client_optimizer(params, spec=spec, plan=plan, on_gpu=on_gpu)
     warmup = spec.training.warmup_steps_of(total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(str(spec.training.lr_schedule), warmup, total_steps)

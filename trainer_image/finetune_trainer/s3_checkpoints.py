@@ -45,7 +45,7 @@ from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.strategy import Strategy
 from finetune_operator.api.tracking import TENSORBOARD_DIR
 
-from . import checkpoint, universal
+from . import checkpoint, leader_work, universal
 from .objstore import ObjectStore, S3Uri, StoreError, StoreNotFound, confined, store_for
 from .paths import CHECKPOINTS, COMPLETION_MARKER
 from .portable import TRAINABLE_FILE
@@ -163,12 +163,15 @@ class S3Output:
         *,
         local_rank: int,
         local_size: int,
+        pods: int = 1,
         fault: Callable[[str, int], None] | None = None,
     ) -> None:
         self.store, self.root, self.dist = store, root, dist
         self.checkpoints = root.child(CHECKPOINTS)
         self._tracking_sent: dict[Path, tuple[int, int]] = {}
         self.leader = local_rank == 0
+        self.pods = pods
+        """Leaders (each pod's first rank): they upload and download while the others wait."""
         first = dist.rank - local_rank
         self.node_ranks = range(first, first + local_size)
         self._fault = fault or (lambda where, step: None)
@@ -188,8 +191,25 @@ class S3Output:
             dist,
             local_rank=int(os.environ.get(PodEnv.LOCAL_RANK, "0")),
             local_size=int(os.environ.get(PodEnv.LOCAL_SIZE, "1")),
+            pods=int(os.environ.get(PodEnv.CROSS_SIZE, "1")),
             fault=fault,
         )
+
+    def _alone(self, work: Callable[[], str], *, leaders: bool, what: str) -> str:
+        """Every pod's leader (`leaders`) or rank 0 runs `work` while the others wait outside the
+        collective timeout (`leader_work`); returns this rank's error (a store or file error)."""
+        error = ""
+
+        def guarded() -> None:
+            nonlocal error
+            try:
+                error = work()
+            except (StoreError, OSError) as exc:
+                error = str(exc)
+
+        doer = self.leader if leaders else self.dist.rank == 0
+        leader_work.run(guarded, doer=doer, doers=self.pods if leaders else 1, what=what)
+        return error
 
     def _agree(self, error: str, what: str) -> None:
         """Collective: raise on every rank if any rank failed (its own message where it has one)."""
@@ -202,31 +222,32 @@ class S3Output:
         name = checkpoint.step_dir_name(step)
         final, tmp = ckpt_root / name, ckpt_root / f"{checkpoint.TMP_PREFIX}{name}"
         prefix = self.checkpoints.child(name)
-        error = ""
-        if self.leader:
-            try:
-                folder = final if final.is_dir() else tmp  # only rank 0's pod renames its folder
-                for i, path in enumerate(sorted(p for p in folder.rglob("*") if p.is_file())):
-                    self.store.upload(path, prefix.child(path.relative_to(folder).as_posix()))
-                    if i == 0:
-                        self._fault("upload", step)
-            except (StoreError, OSError) as exc:
-                error = str(exc)
+
+        def upload() -> str:
+            folder = final if final.is_dir() else tmp  # only rank 0's pod renames its folder
+            for i, path in enumerate(sorted(p for p in folder.rglob("*") if p.is_file())):
+                self.store.upload(path, prefix.child(path.relative_to(folder).as_posix()))
+                if i == 0:
+                    self._fault("upload", step)
+            return ""
+
+        def commit() -> str:
+            listing = self.store.list(prefix)
+            files = {key[len(prefix.key) + 1 :]: size for key, size in listing.items() if not key.endswith("/")}
+            manifest = Manifest(step, files, (final / checkpoint.STATE_FILE).read_text())
+            self.store.put_bytes(prefix.child(MANIFEST), manifest.to_json())
+            self.retain(keep)
+            # Rank 0's tracking files go with the commit, while the others wait outside the
+            # collective timeout (a failure is logged, never raised).
+            upload_tracking(self.store, self.root, ckpt_root.parent, self._tracking_sent)
+            return ""
+
+        error = self._alone(upload, leaders=True, what=f"uploading checkpoint {name}")
         self._agree(error, f"uploading checkpoint {name} ({self._intact()})")
-        if self.dist.rank == 0:
-            try:
-                listing = self.store.list(prefix)
-                files = {key[len(prefix.key) + 1 :]: size for key, size in listing.items() if not key.endswith("/")}
-                manifest = Manifest(step, files, (final / checkpoint.STATE_FILE).read_text())
-                self.store.put_bytes(prefix.child(MANIFEST), manifest.to_json())
-                self.retain(keep)
-            except (StoreError, OSError) as exc:
-                error = str(exc)
+        error = self._alone(commit, leaders=False, what=f"committing checkpoint {name}")
         self._agree(error, f"committing checkpoint {name} ({self._intact()})")
         if self.leader:  # committed: the scratch holds no checkpoint until the next save
             _empty(ckpt_root)
-        if self.dist.rank == 0:
-            upload_tracking(self.store, self.root, ckpt_root.parent, self._tracking_sent)
         return str(prefix)
 
     def _intact(self) -> str:
@@ -256,14 +277,16 @@ class S3Output:
         """Collective, before the loop looks for a checkpoint: rank 0 deletes uncommitted
         folders; each pod's first rank replaces its local checkpoints with what its ranks need
         of the newest committed one. Returns its step (None: a fresh start)."""
-        error, step = "", None
-        try:
+        step = None
+
+        def download() -> str:
+            nonlocal step
             if self.dist.rank == 0:
                 self.retain(keep=1_000_000)  # uncommitted folders only
-            if self.leader:
-                step = self._download_newest(ckpt_root, strategy)
-        except (StoreError, OSError) as exc:
-            error = str(exc)
+            step = self._download_newest(ckpt_root, strategy)
+            return ""
+
+        error = self._alone(download, leaders=True, what="downloading the newest committed checkpoint")
         self._agree(error, "downloading the newest committed checkpoint")
         return step
 
@@ -308,18 +331,18 @@ class S3Output:
     def publish_results(self, out: Path, local: Sequence[Path]) -> dict[Path, str]:
         """Collective: rank 0 uploads the folders `local` (adapter, model, merged) and the train
         log; returns each folder's s3:// URI."""
-        error = ""
         uris = {path: str(self.root.child(path.relative_to(out).as_posix())) for path in local}
-        if self.dist.rank == 0:
-            try:
-                for path in local:
-                    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-                        self.store.upload(file, S3Uri.parse(uris[path]).child(file.relative_to(path).as_posix()))
-                for extra in ("train_log.jsonl",):
-                    if (out / extra).is_file():
-                        self.store.upload(out / extra, self.root.child(extra))
-            except (StoreError, OSError) as exc:
-                error = str(exc)
+
+        def upload() -> str:
+            for path in local:
+                for file in sorted(p for p in path.rglob("*") if p.is_file()):
+                    self.store.upload(file, S3Uri.parse(uris[path]).child(file.relative_to(path).as_posix()))
+            for extra in ("train_log.jsonl",):
+                if (out / extra).is_file():
+                    self.store.upload(out / extra, self.root.child(extra))
+            return ""
+
+        error = self._alone(upload, leaders=False, what="uploading the trained result")
         self._agree(error, "uploading the trained result")
         return uris
 

@@ -4,7 +4,8 @@ Full fine-tuning saves DeepSpeed's own shards: cheap to write (every rank its pa
 picture of one strategy. When a re-plan or a new `numNodes` changes the ZeRO stage or the
 world size, rank 0 converts the checkpoint once with DeepSpeed's
 `ds_to_universal` into `<checkpoint>_universal` next to it: one folder per parameter with
-its full fp32 value and Adam moments. The others wait; the folder is written under a
+its full fp32 value and Adam moments. The others wait outside the collective timeout
+(`leader_work`: a large model's conversion outlasts it); the folder is written under a
 `.tmp-` name and renamed when complete, so a kill mid-way leaves nothing that looks done,
 and the next restart reuses it instead of converting again. The original checkpoint is
 only read.
@@ -36,7 +37,7 @@ from typing import Any, Protocol
 
 from finetune_operator.api.strategy import Strategy
 
-from . import portable
+from . import leader_work, portable
 from .settings import ConfigError
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,12 @@ def needs_conversion(saved: Strategy, now: Strategy) -> bool:
     return bool(sharding_changes(saved, now)) and (saved.zero_stage, now.zero_stage) != (0, 0)
 
 
+def step_of(checkpoint: Path) -> int:
+    """The step of a `step-N` folder (0 for another name)."""
+    tail = checkpoint.name.rpartition("-")[2]
+    return int(tail) if tail.isdigit() else 0
+
+
 def universal_path(checkpoint: Path) -> Path:
     return checkpoint.with_name(checkpoint.name + SUFFIX)
 
@@ -125,15 +132,23 @@ def convert(checkpoint: Path) -> Path:
 
 
 def ensure(checkpoint: Path, dist: Collective) -> Path:
-    """Collective: rank 0 converts, the others wait; every rank raises if it failed."""
+    """Collective: rank 0 converts while the others wait outside the collective timeout (a large
+    model's conversion outlasts it; see `leader_work`); every rank raises if it failed."""
     error = ""
-    if dist.rank == 0:
+
+    def work() -> None:
+        nonlocal error
+        from .checkpoint import fault_point
+
         try:
+            fault_point("convert", step_of(checkpoint))
             convert(checkpoint)
         except ConversionError as exc:
             error = str(exc)
         except Exception as exc:  # never leave the other ranks waiting on a rank that is gone
             error = f"{type(exc).__name__}: {exc}"
+
+    leader_work.run(work, doer=dist.rank == 0, doers=1, what=f"converting checkpoint {checkpoint.name}")
     if dist.sum([1.0 if error else 0.0])[0]:
         raise ConversionError(
             f"could not convert checkpoint {checkpoint} to a universal checkpoint for the new strategy: "

@@ -46,6 +46,10 @@ class TerminationReason(StrEnum):
     TRAINING_ERROR = "TrainingError"
     TERMINATED = "Terminated"
     RANK_KILLED = "RankKilled"
+    RANK_ABORTED = "RankAborted"
+    """A rank ended by SIGABRT without a Python error: NCCL's watchdog aborts a rank whose collective
+    outlived its timeout (or a library's C++ assertion failed). Retried like any rank failure,
+    never re-planned: it is no memory shortage."""
     OUTPUT_FULL = "OutputFull"
     """The output volume ran out of space (or quota) while saving; retried, since space can be
     freed while the job waits, and the previous checkpoint is intact."""

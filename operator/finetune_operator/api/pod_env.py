@@ -84,7 +84,22 @@ class PodEnv(StrEnum):
     PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
     """Unbuffered output, so the pod's log keeps up with the ranks."""
     OMP_NUM_THREADS = "OMP_NUM_THREADS"
-    """Torch's CPU threads per rank: the pod's CPUs shared by its ranks."""
+    """Torch's CPU threads per rank: the pod's CPUs shared by its ranks (rendered from `resources.cpu`;
+    without it the node launcher divides the CPUs the pod may run on among its ranks)."""
+    MKL_NUM_THREADS = "MKL_NUM_THREADS"
+    """MKL's CPU threads per rank, the same share as OMP_NUM_THREADS."""
+    HF_HUB_OFFLINE = "HF_HUB_OFFLINE"
+    """`1` for the ranks once the pod prefetched the hub model: they load it from the cache, and no
+    rank asks the hub again (set by `ftjob train`; a user's own value wins)."""
+    NCCL_DEBUG = "NCCL_DEBUG"
+    """NCCL's log level on GPU pods (`WARN`: a failed collective says why in the pod's log)."""
+    TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+    """What torch's NCCL watchdog does with a collective past its timeout (`1`: abort the
+    communicators and end the rank, which the launcher reports as an abort, not a silent kill)."""
+    TORCH_NCCL_DUMP_ON_TIMEOUT = "TORCH_NCCL_DUMP_ON_TIMEOUT"
+    """`1`: a timed-out collective dumps the flight recorder (which collective each rank was in)."""
+    TORCH_NCCL_TRACE_BUFFER_SIZE = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+    """The flight recorder's entries per rank (0 turns it, and the dump on timeout, off)."""
     FTJOB_DOWNLOAD_TIMEOUT_SECONDS = "FTJOB_DOWNLOAD_TIMEOUT_SECONDS"
     """How long a pod's model download (and its wait for the other pods') may take."""
     MLFLOW_TRACKING_TOKEN = "MLFLOW_TRACKING_TOKEN"
@@ -153,6 +168,11 @@ OVERRIDABLE: frozenset[PodEnv] = frozenset(
         PodEnv.PYTORCH_CUDA_ALLOC_CONF,
         PodEnv.PYTHONUNBUFFERED,
         PodEnv.OMP_NUM_THREADS,
+        PodEnv.MKL_NUM_THREADS,
+        PodEnv.NCCL_DEBUG,
+        PodEnv.TORCH_NCCL_ASYNC_ERROR_HANDLING,
+        PodEnv.TORCH_NCCL_DUMP_ON_TIMEOUT,
+        PodEnv.TORCH_NCCL_TRACE_BUFFER_SIZE,
         PodEnv.FTJOB_DOWNLOAD_TIMEOUT_SECONDS,
         PodEnv.MLFLOW_TRACKING_TOKEN,
         PodEnv.MLFLOW_TRACKING_USERNAME,
@@ -182,11 +202,12 @@ LAUNCHER_SET: frozenset[PodEnv] = frozenset(
         PodEnv.CUDA_VISIBLE_DEVICES,
         PodEnv.FTJOB_RUN_STATE_DIR,
         PodEnv.FTJOB_PROGRESS,
+        PodEnv.HF_HUB_OFFLINE,
     }
 )
 """Set for each rank by the node launcher or `ftjob train`, never rendered by the operator.
 LOCAL_SIZE, FTJOB_RUN_STATE_DIR and FTJOB_PROGRESS are not reserved: the launcher overwrites a
-user's value."""
+user's value. HF_HUB_OFFLINE is not reserved either: a user's own value is kept."""
 
 LOCAL_OVERRIDES: frozenset[PodEnv] = frozenset({PodEnv.FTJOB_TERMINATION_LOG, PodEnv.FTJOB_PVC_ROOT})
 """Never set in a pod: they move a fixed pod path elsewhere for `ftjob run` and the tests."""

@@ -13,6 +13,7 @@ import threading
 from ..api.base import HTTP_URL_HINT, HTTP_URL_PATTERN
 from ..api.object_storage import ObjectStorageSpec
 from ..api.tracking import tracking_uri_problem
+from ..render.options import GpuPlacement, RenderOptions
 
 DEFAULT_IMAGE_ENV = "FTJOB_TRAINER_IMAGE"
 
@@ -39,6 +40,22 @@ def object_storage_defaults(args: argparse.Namespace) -> ObjectStorageSpec:
         return ObjectStorageSpec.from_wire({k: v for k, v in {**wire, "caBundle": ca}.items() if v is not None})
     except ValueError as exc:
         raise SystemExit(f"--s3-* flags: {' '.join(str(exc).split())[:400]}") from None
+
+
+def render_options(args: argparse.Namespace) -> RenderOptions:
+    """The flags that shape what the operator renders for every job."""
+    return RenderOptions(
+        trainer_image=args.trainer_image,
+        master_port=args.master_port,
+        pod_monitor=args.pod_monitor,
+        default_queue_name=args.default_queue_name,
+        default_tracking_uri=args.default_tracking_uri,
+        object_storage=object_storage_defaults(args),
+        hub_endpoint=args.hub_endpoint,
+        model_cache_storage_class=args.model_cache_storage_class,
+        download_timeout_seconds=args.download_timeout,
+        gpu_placement=GpuPlacement(args.gpu_placement),
+    )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -113,6 +130,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=env("FTJOB_DOWNLOAD_TIMEOUT_SECONDS", "7200"),
         help="seconds a trainer pod may spend downloading a hub model (apart from the rendezvous timeout)",
+    )
+    parser.add_argument(
+        "--gpu-placement",
+        choices=["memory", "product", "resource"],
+        default=env("FTJOB_GPU_PLACEMENT", "memory"),
+        help="how trainer pods find GPUs with the planned memory: GPU Feature Discovery's nvidia.com/gpu.memory "
+        "label (memory, the default), nvidia.com/gpu.product (product), or the device plugin's nvidia.com/gpu "
+        "resource alone (resource: clusters without GFD)",
     )
     parser.add_argument("--pod-monitor", action="store_true", default=env("FTJOB_POD_MONITOR", "") == "true")
     parser.add_argument(
@@ -208,7 +233,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     from ..reconcile.cluster_io import KubernetesClusterIO
     from ..reconcile.model_sources import HubSettings
     from ..reconcile.runner import Reconciler
-    from ..render.options import DEFAULT_HUB_ENDPOINT, RenderOptions
+    from ..render.options import DEFAULT_HUB_ENDPOINT
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
@@ -219,17 +244,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     _load_kube_config(args.kubeconfig, connections=args.workers + 2)
     metrics.initialise(tuple(args.namespace))
     start_http_server(args.metrics_port, addr=args.metrics_address)
-    options = RenderOptions(
-        trainer_image=args.trainer_image,
-        master_port=args.master_port,
-        pod_monitor=args.pod_monitor,
-        default_queue_name=args.default_queue_name,
-        default_tracking_uri=args.default_tracking_uri,
-        object_storage=object_storage_defaults(args),
-        hub_endpoint=args.hub_endpoint,
-        model_cache_storage_class=args.model_cache_storage_class,
-        download_timeout_seconds=args.download_timeout,
-    )
+    options = render_options(args)
     hub = HubSettings(endpoint=(args.hub_endpoint or DEFAULT_HUB_ENDPOINT).rstrip("/"), offline=args.hub_offline)
     policy = SchedulingPolicy(
         priority_classes=tuple(args.allowed_priority_class),

@@ -72,5 +72,14 @@ def what_would_fit(
         needed = best.per_gpu_bytes / margin
         out.append(f"bigger GPUs: {best.strategy} needs {needed / GIB:.0f} GiB GPUs at the {margin:.0%} margin")
     if workload.host_memory_bytes is not None and any(c.fits_gpu and not c.fits_host for c in candidates):
-        out.append("more host memory (resources.memory): some offload strategies fit the GPUs but not the host")
+        export = max((c.memory.export_host_bytes for c in candidates), default=0)
+        limit = workload.host_memory_bytes
+        if export and any(c.fits_gpu and c.memory.host_bytes_per_node <= limit for c in candidates):
+            out.append(
+                f"more host memory (resources.memory): training fits, but the final export needs "
+                f"{export / GIB:.1f} GiB more in rank 0's RAM on node 0"
+                + ("" if workload.method == MethodType.FULL else "; or output.mergedModel: false")
+            )
+        else:
+            out.append("more host memory (resources.memory): some strategies fit the GPUs but not the host")
     return out

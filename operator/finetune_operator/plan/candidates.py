@@ -190,7 +190,7 @@ def evaluate(
         traffic=traffic,
         step=timing,
         fits_gpu=memory.per_gpu_bytes <= gpu_budget,
-        fits_host=host_limit is None or memory.host_bytes_per_node <= host_limit,
+        fits_host=host_limit is None or memory.host_peak_bytes_per_node <= host_limit,
     )
 
 

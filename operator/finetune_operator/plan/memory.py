@@ -20,6 +20,12 @@ parameters, e bytes per 16-bit value and G ranks,
 - activations and logits: `activations.py`; overhead: CUDA context and workspaces.
 
 Parameter offload (stage 3) moves the weight terms to the host.
+
+On the host, each node holds its ranks' baseline and what offload moved there; at the very end
+node 0 also holds the final export in rank 0's RAM (`export_host_bytes`: the whole model gathered
+for a full fine-tune, the unquantised base for a merged export) while its other ranks still hold
+theirs. The pod requests the larger of the two (`host_peak_bytes_per_node`), since the export
+was once OOM-killed after the whole run had trained.
 """
 
 from __future__ import annotations
@@ -57,6 +63,13 @@ class MemoryEstimate:
     host_model_state_bytes_per_rank: int
     load_peak_bytes: int = 0
     """Per GPU while the model loads, where loading is not partitioned (`load_peak_bytes`), else 0."""
+    export_host_bytes: int = 0
+    """Rank 0's host memory for the final export, on node 0, on top of `host_bytes_per_node`."""
+
+    @property
+    def host_peak_bytes_per_node(self) -> int:
+        """The host memory a pod needs at its highest: node 0 during the final export."""
+        return self.host_bytes_per_node + self.export_host_bytes
 
     @property
     def step_bytes(self) -> int:
@@ -153,6 +166,21 @@ def load_peak_bytes(workload: Workload, strategy: Strategy) -> int:
     return int(frozen_weight_bytes(workload) + workload.overhead_bytes)
 
 
+def export_host_bytes(workload: Workload) -> int:
+    """Rank 0's host memory for the final export (`finetune_trainer.export`).
+
+    A full fine-tune gathers every parameter, in its 16-bit (or fp32) training dtype, into rank
+    0's RAM before writing them; a merged export (`output.mergedModel`, LoRA or QLoRA) loads the
+    base model unquantised in the compute dtype on rank 0 and merges the adapter into it; an
+    adapter alone is its trainable parameters. Strategy-independent: the export runs once, after
+    the last step, whatever the sharding."""
+    counts, e = workload.counts, workload.param_bytes
+    if workload.method == MethodType.FULL:
+        return counts.total * e
+    adapter = counts.trainable * e
+    return counts.total * e + adapter if workload.merged_export else adapter
+
+
 def estimate_memory(workload: Workload, strategy: Strategy, activation_override: int | None = None) -> MemoryEstimate:
     """Per-GPU bytes of `strategy` for `workload`, by term; `activation_override` replaces the
     analytical activations+logits peak (traced planning)."""
@@ -205,6 +233,7 @@ def estimate_memory(workload: Workload, strategy: Strategy, activation_override:
         nvme_bytes_per_node=int(nvme_per_rank * workload.ranks_per_node),
         host_model_state_bytes_per_rank=int(host_states),
         load_peak_bytes=load_peak_bytes(workload, strategy),
+        export_host_bytes=export_host_bytes(workload),
     )
 
 

@@ -35,7 +35,7 @@ def candidate_json(candidate: Candidate, with_verdict: bool) -> dict[str, Any]:
         **candidate.strategy.to_wire(),
         "perGpuBytes": candidate.per_gpu_bytes,
         "breakdown": MemoryBreakdown(**candidate.memory.breakdown).to_wire(),
-        "hostBytesPerNode": candidate.memory.host_bytes_per_node,
+        "hostBytesPerNode": candidate.memory.host_peak_bytes_per_node,
         "estimatedStepSeconds": round(candidate.step.seconds, 4),
     }
     if with_verdict:
@@ -85,7 +85,7 @@ def status_of(
         **candidate.strategy.model_dump(exclude={"world_size"}),
         per_gpu_bytes=candidate.per_gpu_bytes,
         gpu_memory_bytes=gpu_memory_bytes,
-        host_bytes_per_node=candidate.memory.host_bytes_per_node,
+        host_bytes_per_node=candidate.memory.host_peak_bytes_per_node,
         estimated_step_seconds=round(candidate.step.seconds, 4),
         breakdown=MemoryBreakdown(**candidate.memory.breakdown),
         reason=reason[:2048],
@@ -127,8 +127,10 @@ def explain(
             if c.memory.load_peak_bytes > c.memory.step_bytes:
                 reason += f", at load (the whole 4-bit model; the step needs {gib(c.memory.step_bytes)})"
         elif not c.fits_host:
+            export = c.memory.export_host_bytes
+            during = f" (with the final export's {gib(export)} on node 0)" if export else ""
             reason = (
-                f"host memory: needs {gib(c.memory.host_bytes_per_node)} per node, "
+                f"host memory: needs {gib(c.memory.host_peak_bytes_per_node)} per node{during}, "
                 f"resources.memory is {gib(host_limit or 0)}"
             )
         elif chosen is None:

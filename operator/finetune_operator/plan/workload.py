@@ -116,6 +116,8 @@ class Workload:
     host_memory_bytes: int | None = None
     on_cpu: bool = False
     packing: bool = False
+    merged_export: bool = False
+    """`output.mergedModel`: rank 0 loads the unquantised base at the end and merges the adapter in."""
     adapted: tuple[AdaptedGroup, ...] = field(init=False, repr=False, compare=False)
     """The weight groups LoRA adapts, with their ranks (none in full fine-tuning): resolved from the
     method, rank and targets once per workload, `replace()` and `with_method` included."""
@@ -248,4 +250,5 @@ def workload_from_spec(
         host_memory_bytes=quantity_bytes(resources.memory) if resources.memory is not None else None,
         on_cpu=on_cpu,
         packing=spec.dataset.packing,
+        merged_export=spec.output.merged_model,
     )

@@ -20,6 +20,7 @@ from ..api.job import KIND
 from ..render.identity import CONFIG_HASH_ANNOTATION, POD_INDEX_LABEL
 from ..render.model_inspector import REQUEST_ANNOTATION as MODEL_REQUEST_ANNOTATION
 from ..render.model_inspector import inspector_pod_name
+from ..render.placement import GPU_LABELS
 from ..render.workload import SPEC_HASH_ANNOTATION as WORKLOAD_HASH_ANNOTATION
 
 
@@ -57,6 +58,8 @@ class PodView:
     """The uid of the FineTuneJob that controls this pod directly (the model inspector), if any."""
     model_request: str | None = None
     """What a model inspector pod reads (its request annotation), to tell a stale one."""
+    gpu_label: str | None = None
+    """The GPU node label the pod's required node affinity names (`render.placement`), if any."""
 
     @property
     def failure(self) -> Termination | None:
@@ -239,7 +242,21 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         owner_uid=controller_uid(body, "StatefulSet"),
         job_uid=controller_uid(body, KIND),
         model_request=_get(body, "metadata", "annotations", MODEL_REQUEST_ANNOTATION),
+        gpu_label=_gpu_label(body),
     )
+
+
+def _gpu_label(body: Mapping[str, Any]) -> str | None:
+    """The first GPU label (GPU Feature Discovery's) a required node selector term of the pod names."""
+    required = _get(body, "spec", "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
+    terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
+    for term in terms if isinstance(terms, list) else []:
+        expressions = term.get("matchExpressions") if isinstance(term, Mapping) else None
+        for expression in expressions if isinstance(expressions, list) else []:
+            key = expression.get("key") if isinstance(expression, Mapping) else None
+            if key in GPU_LABELS.values():
+                return str(key)
+    return None
 
 
 def workers_view(body: Mapping[str, Any] | None) -> WorkersView | None:

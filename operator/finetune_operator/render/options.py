@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from ..api.object_storage import ObjectStorageSpec
 
@@ -10,6 +11,18 @@ DEFAULT_TRAINER_IMAGE = "ghcr.io/finetune-operator/trainer:0.1.0"
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
 DEFAULT_DOWNLOAD_TIMEOUT_SECONDS = 7200
 """A pod's whole model download (141 GB at ~20 MB/s); the ranks' own rendezvous timeout starts after it."""
+
+
+class GpuPlacement(StrEnum):
+    """How trainer pods find GPUs with the memory the plan assumed (`render.placement`)."""
+
+    MEMORY = "memory"
+    """Node affinity on GPU Feature Discovery's `nvidia.com/gpu.memory` label (the default)."""
+    PRODUCT = "product"
+    """Node affinity on `nvidia.com/gpu.product`: the known products with that much memory."""
+    RESOURCE = "resource"
+    """The device plugin's `nvidia.com/gpu` resource alone: no GPU label is required (clusters
+    without GFD; the cluster's own node pools or the job's podTemplate say which GPUs)."""
 
 
 @dataclass(frozen=True)
@@ -35,3 +48,5 @@ class RenderOptions:
     model_cache_storage_class: str | None = None
     """StorageClass of the per-pod model cache claims (None: the cluster's default class)."""
     download_timeout_seconds: int = DEFAULT_DOWNLOAD_TIMEOUT_SECONDS
+    gpu_placement: GpuPlacement = GpuPlacement.MEMORY
+    """Which node labels the GPU placement requires (`--gpu-placement`, the chart's `gpuPlacement`)."""

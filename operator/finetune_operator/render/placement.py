@@ -1,11 +1,16 @@
 """Where the trainer pods may run, and what the user's `spec.podTemplate` adds to them.
 
 GPU placement: `resources.gpuMemory` feeds the planner, so the pods must land on nodes whose
-GPUs have that memory. GPU Feature Discovery labels nodes with `nvidia.com/gpu.memory` in
-MiB, and cards report a little less than their nominal size (an H100 80GB says 81559, an L4
-23034 for 24Gi), so the requirement is "more than 93% of gpuMemory" (Gt). It is added to every
-required node selector term of the user's own affinity (terms are ORed, expressions ANDed).
-GPU nodes are usually tainted `nvidia.com/gpu:NoSchedule`, hence the default toleration.
+GPUs have that memory. How is an operator setting (`RenderOptions.gpu_placement`):
+- `memory` (default): GPU Feature Discovery labels nodes with `nvidia.com/gpu.memory` in MiB, and
+  cards report a little less than their nominal size (an H100 80GB says 81559, an L4 23034 for
+  24Gi), so the requirement is "more than 93% of gpuMemory" (Gt);
+- `product`: `nvidia.com/gpu.product` In the known products (`GPU_PRODUCTS`) with that much memory;
+- `resource`: no label at all, only the device plugin's `nvidia.com/gpu` resource: clusters
+  without GFD (GKE's default, EKS with only the device plugin) left the pods Pending forever.
+The requirement is added to every required node selector term of the user's own affinity (terms
+are ORed, expressions ANDed). GPU nodes are usually tainted `nvidia.com/gpu:NoSchedule`, hence
+the default toleration.
 
 The overlay (api.pod_template) is merged under the operator's fields: its validation has
 already refused anything that would override them, and where both set the same map key
@@ -18,10 +23,39 @@ import copy
 from typing import Any
 
 from ..api.job import FineTuneJob
+from .options import GpuPlacement
 
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_LABELS = {GpuPlacement.MEMORY: GPU_MEMORY_LABEL, GpuPlacement.PRODUCT: GPU_PRODUCT_LABEL}
 GPU_MEMORY_FRACTION = 0.93
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+GPU_PRODUCTS: dict[str, int] = {
+    "Tesla-T4": 16,
+    "Tesla-V100-SXM2-16GB": 16,
+    "Tesla-V100-PCIE-16GB": 16,
+    "Tesla-V100-SXM2-32GB": 32,
+    "NVIDIA-A10": 24,
+    "NVIDIA-A10G": 24,
+    "NVIDIA-L4": 24,
+    "NVIDIA-GeForce-RTX-4090": 24,
+    "NVIDIA-A100-PCIE-40GB": 40,
+    "NVIDIA-A100-SXM4-40GB": 40,
+    "NVIDIA-L40": 48,
+    "NVIDIA-L40S": 48,
+    "NVIDIA-RTX-A6000": 48,
+    "NVIDIA-RTX-6000-Ada-Generation": 48,
+    "NVIDIA-A100-80GB-PCIe": 80,
+    "NVIDIA-A100-SXM4-80GB": 80,
+    "NVIDIA-H100-PCIe": 80,
+    "NVIDIA-H100-80GB-HBM3": 80,
+    "NVIDIA-H100-NVL": 94,
+    "NVIDIA-H200": 141,
+    "NVIDIA-H200-NVL": 141,
+    "NVIDIA-B200": 180,
+}
+"""GiB of each GPU by its `nvidia.com/gpu.product` label value (the device name with spaces as
+hyphens, as GPU Feature Discovery and the GPU operator write it)."""
 
 
 def gpu_memory_floor_mib(job: FineTuneJob) -> int:
@@ -29,12 +63,38 @@ def gpu_memory_floor_mib(job: FineTuneJob) -> int:
     return int(job.spec.resources.gpu_memory_bytes / 2**20 * GPU_MEMORY_FRACTION)
 
 
-def affinity(job: FineTuneJob) -> dict[str, Any] | None:
-    """The user's affinity with the GPU-memory node requirement ANDed into every required term."""
+def products_with_memory(job: FineTuneJob) -> list[str]:
+    """The known `nvidia.com/gpu.product` values whose GPUs have the job's `resources.gpuMemory`."""
+    floor = gpu_memory_floor_mib(job)
+    return sorted(name for name, gib in GPU_PRODUCTS.items() if gib * 1024 > floor)
+
+
+def gpu_requirement(job: FineTuneJob, placement: GpuPlacement) -> dict[str, Any] | None:
+    """The node selector requirement that places a GPU job, or None (`resource` placement)."""
+    if placement == GpuPlacement.MEMORY:
+        return {"key": GPU_MEMORY_LABEL, "operator": "Gt", "values": [str(gpu_memory_floor_mib(job))]}
+    if placement == GpuPlacement.PRODUCT:
+        # no known product is that large: a value no node has, so the pods wait and say why
+        known = products_with_memory(job) or [f"none-known-with-{job.spec.resources.gpu_memory}"]
+        return {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": known}
+    return None
+
+
+def placement_hint(label: str) -> str:
+    """What to do when no node carries the GPU label a Pending pod requires."""
+    other = "product or resource" if label == GPU_MEMORY_LABEL else "resource"
+    return (
+        f"the pods require the node label {label} (GPU Feature Discovery); on a cluster without it, "
+        f"set the operator's GPU placement (chart value gpuPlacement) to {other}"
+    )
+
+
+def affinity(job: FineTuneJob, placement: GpuPlacement = GpuPlacement.MEMORY) -> dict[str, Any] | None:
+    """The user's affinity with the GPU node requirement of `placement` ANDed into every required term."""
     overlay = job.spec.pod_template
     out: dict[str, Any] = copy.deepcopy(overlay.affinity) if overlay and overlay.affinity else {}
-    if job.spec.resources.gpus_per_node:
-        requirement = {"key": GPU_MEMORY_LABEL, "operator": "Gt", "values": [str(gpu_memory_floor_mib(job))]}
+    requirement = gpu_requirement(job, placement) if job.spec.resources.gpus_per_node else None
+    if requirement is not None:
         node = out.setdefault("nodeAffinity", {})
         required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
         terms = required.setdefault("nodeSelectorTerms", [])

@@ -50,6 +50,16 @@ DEFAULT_ENV: dict[PodEnv, str] = {
 }
 """Defaults a user's env may override."""
 
+NCCL_ENV: dict[PodEnv, str] = {
+    PodEnv.NCCL_DEBUG: "WARN",
+    PodEnv.TORCH_NCCL_ASYNC_ERROR_HANDLING: "1",
+    PodEnv.TORCH_NCCL_DUMP_ON_TIMEOUT: "1",
+    PodEnv.TORCH_NCCL_TRACE_BUFFER_SIZE: "2000",
+}
+"""GPU pods' defaults (a user's env may override): a collective past its timeout aborts the rank
+(SIGABRT, which the trainer reports as a collective abort, not a memory kill), says why in the log
+and dumps which collective each rank was in."""
+
 
 def headless_service(job: FineTuneJob, options: RenderOptions) -> dict[str, Any]:
     return {
@@ -89,8 +99,11 @@ def _env(job: FineTuneJob, options: RenderOptions) -> list[dict[str, Any]]:
     if options.hub_endpoint:  # a mirror: the trainer's hub library reads it (a user's env may override)
         defaults[PodEnv.HF_ENDPOINT] = options.hub_endpoint
     if spec.resources.cpu is not None:  # torch would start one thread per host core in every rank
-        threads = int(parse_quantity(spec.resources.cpu)) // spec.resources.ranks_per_node
-        defaults[PodEnv.OMP_NUM_THREADS] = str(max(1, threads))
+        # (without a cpu request the node launcher divides the CPUs the pod may use among its ranks)
+        threads = str(max(1, int(parse_quantity(spec.resources.cpu)) // spec.resources.ranks_per_node))
+        defaults[PodEnv.OMP_NUM_THREADS] = defaults[PodEnv.MKL_NUM_THREADS] = threads
+    if spec.resources.gpus_per_node:
+        defaults.update(NCCL_ENV)
     env += [value_entry(k, v) for k, v in defaults.items() if k not in user]
     env += tracking_env(job, spec.image or options.trainer_image, set(user))
     env += object_storage.env(job, options, MODEL_CACHE_DIR)
@@ -215,7 +228,7 @@ def statefulset(
         pod_spec["serviceAccountName"] = account
     if selector := node_selector(job):
         pod_spec["nodeSelector"] = selector
-    if placement := affinity(job):
+    if placement := affinity(job, options.gpu_placement):
         pod_spec["affinity"] = placement
     if tolerated := tolerations(job):
         pod_spec["tolerations"] = tolerated

@@ -2,16 +2,27 @@
 restart, announced), and so is a gang whose finished ranks wait for the rest; anything less
 says how many are ready and why the first stuck one waits
 (unschedulable, a container waiting: ImagePullBackOff, CreateContainerConfigError, ..., or a
-Warning Event about the pod: FailedAttachVolume, FailedMount, ...). It decides every gang the
-other worker policies leave."""
+Warning Event about the pod: FailedAttachVolume, FailedMount, ...). A pod the scheduler cannot
+place because no node carries the GPU label it requires also says how to place by another label,
+or by the device plugin's resource alone. It decides every gang the other worker policies leave."""
 
 from __future__ import annotations
 
 from ...api import reasons as R
 from ...api.reasons import ConditionType
+from ...render.placement import placement_hint
 from ..conditions import is_true
+from ..observed import PodView
 from .phases import Action, Gang
 from .status_builder import StatusBuilder
+
+
+def _unschedulable(pod: PodView) -> str | None:
+    """The scheduler's reason, with what to do when the pod's GPU label matched no node."""
+    said = pod.unschedulable
+    if said and pod.gpu_label and ("affinity" in said or "selector" in said):
+        return f"{said} ({placement_hint(pod.gpu_label)})"
+    return said
 
 
 def decide(gang: Gang, b: StatusBuilder) -> Action:
@@ -27,7 +38,7 @@ def decide(gang: Gang, b: StatusBuilder) -> Action:
         if is_true(b.status.conditions, ConditionType.RESTARTING):
             b.cond(ConditionType.RESTARTING, False, R.RECOVERED, "all ranks are back", announce=True)
     else:
-        why = ((p.name, p.unschedulable or p.waiting or p.warning) for p in pods)
+        why = ((p.name, _unschedulable(p) or p.waiting or p.warning) for p in pods)
         stuck = next((f"; {name}: {reason}" for name, reason in why if reason), "")
         b.cond(ConditionType.RUNNING, False, R.WAITING, f"{ready} of {nodes} workers ready{stuck}")
     return gang.keep()
