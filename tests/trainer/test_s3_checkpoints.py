@@ -85,6 +85,7 @@ def test_two_pods_commit_checkpoints_to_the_bucket_and_resume_after_a_kill_mid_u
         f"s3://{BUCKET}/{OUT}",
         training={"maxSteps": 12, "checkpointEverySteps": 4, "checkpointsToKeep": 1},
         objectStorage=job_storage(s3),
+        tracking={"tensorboard": {"enabled": True}},
     )
     config = render_config(tmp_path / "config", manifest, hostfile="127.0.0.1 slots=1\n127.0.0.2 slots=1\n")
     env = {**key_env(s3), "FTJOB_FAULT_KILL": "upload:8", "FTJOB_FAULT_ONCE_DIR": str(tmp_path)}
@@ -96,6 +97,10 @@ def test_two_pods_commit_checkpoints_to_the_bucket_and_resume_after_a_kill_mid_u
     # step 8 was being uploaded: its folder has no manifest, so it does not exist; step 4 is intact
     assert committed_steps(client, OUT) == [4]
     assert checkpoint_folders(client, OUT) == {"step-00000004", "step-00000008"}
+    # the tracking journal and TensorBoard's event files went with the committed checkpoint
+    at_commit = set(keys(client, OUT))
+    assert "tracking/records.jsonl" in at_commit, sorted(at_commit)
+    assert any(key.startswith("tensorboard/events.out.tfevents") for key in at_commit), sorted(at_commit)
 
     resumed = start_pods(launch, config, tmp_path, env, "second")
     for rank, node in enumerate(resumed):
@@ -113,6 +118,7 @@ def test_two_pods_commit_checkpoints_to_the_bucket_and_resume_after_a_kill_mid_u
     assert checkpoint_folders(client, OUT) == {"step-00000008"}
     written = keys(client, OUT)
     assert {"adapter/adapter_model.safetensors", "COMPLETED.json", "train_log.jsonl"} <= set(written)
+    assert "tracking/records.jsonl" in written and any(key.startswith("tensorboard/") for key in written)
     assert set(keys(client, "models/tiny")) and set(keys(client, "data"))  # inputs untouched
     for node in killed + resumed:
         assert s3.secret_key not in node.log() and s3.secret_key not in node.termination()
