@@ -87,6 +87,9 @@ class PodEnv(StrEnum):
     """Torch's CPU threads per rank: the pod's CPUs shared by its ranks."""
     FTJOB_DOWNLOAD_TIMEOUT_SECONDS = "FTJOB_DOWNLOAD_TIMEOUT_SECONDS"
     """How long a pod's model download (and its wait for the other pods') may take."""
+    FTJOB_STOP_GRACE_SECONDS = "FTJOB_STOP_GRACE_SECONDS"
+    """How long the entrypoint and the launcher give the ranks to stop on SIGTERM (finish the step,
+    save a checkpoint) before SIGKILL: the pod's grace period less a reserve (`render/stop_grace.py`)."""
     MLFLOW_TRACKING_TOKEN = "MLFLOW_TRACKING_TOKEN"
     """MLflow's bearer token, from the tracking Secret."""
     MLFLOW_TRACKING_USERNAME = "MLFLOW_TRACKING_USERNAME"
@@ -154,6 +157,7 @@ OVERRIDABLE: frozenset[PodEnv] = frozenset(
         PodEnv.PYTHONUNBUFFERED,
         PodEnv.OMP_NUM_THREADS,
         PodEnv.FTJOB_DOWNLOAD_TIMEOUT_SECONDS,
+        PodEnv.FTJOB_STOP_GRACE_SECONDS,
         PodEnv.MLFLOW_TRACKING_TOKEN,
         PodEnv.MLFLOW_TRACKING_USERNAME,
         PodEnv.MLFLOW_TRACKING_PASSWORD,
