@@ -253,10 +253,14 @@ def _checkpoint_steps(out: Path) -> list[int]:
 
 PREEMPT_ENV = {"FTJOB_STOP_GRACE_SECONDS": "240"}
 """The launcher's and the entrypoint's grace for the ranks' stop (the operator renders it from a save)."""
+TRIALS = int(os.environ.get("FTJOB_TEST_PREEMPTION_TRIALS", "1"))
+"""Preemptions at independent random steps; the README's reliability figure runs more of them."""
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("trial", range(TRIALS))
 def test_sigterm_at_a_random_step_saves_that_step_and_the_resume_loses_nothing(
+    trial: int,
     tmp_path: Path,
     tiny_model_dir: Path,
     reference: tuple[dict[int, float], dict[str, Any], Path],
@@ -265,7 +269,7 @@ def test_sigterm_at_a_random_step_saves_that_step_and_the_resume_loses_nothing(
     """A preemption at a random step: the ranks stop at the next step boundary with a checkpoint of
     that step (or at once after the save of a checkpoint step), the pod ends `Preempted`, and the
     resumed run takes each step exactly once and ends with the uninterrupted run's adapter."""
-    paused_after = random.randint(1, STEPS - 2)  # SIGTERM arrives after this step's all-reduce
+    paused_after = random.SystemRandom().randint(1, STEPS - 2)  # SIGTERM comes after this step's all-reduce
     stop_at = paused_after if paused_after % CHECKPOINT_EVERY == 0 else paused_after + 1
     config = render_config(tmp_path / "config", _manifest(tiny_model_dir, reference[2]))
     out = tmp_path / "out"
