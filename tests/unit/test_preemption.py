@@ -85,15 +85,6 @@ def test_a_real_failure_beside_a_preempted_pod_is_a_failure() -> None:
     assert decision.status.last_failure is not None and "boom" in decision.status.last_failure.message
 
 
-def test_a_kueue_preemption_counts_as_a_preemption_too() -> None:
-    from tests.unit.test_queueing import ADMITTED, EVICTED, run_queued
-
-    job, _ = step(job_with(queueName="team-a"), [])
-    job = job.model_copy(update={"status": run_queued(job, [pod(0), pod(1)], ADMITTED).status})
-    evicted = run_queued(job, [pod(0), pod(1)], EVICTED).status
-    assert (evicted.evictions, evicted.preemptions, evicted.restarts) == (1, 1, 0)
-
-
 # ---- the grace period ---------------------------------------------------------------------------
 
 
