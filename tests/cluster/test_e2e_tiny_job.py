@@ -10,7 +10,8 @@ One job runs uninterrupted (module-scoped: it is also the reference). The same j
 with its ranks SIGKILLed three times: once from outside at a random step after the first
 checkpoint, once (rank 0) in the middle of writing a checkpoint, once at a random later step.
 Each kill is a gang restart from the newest complete checkpoint; the final adapter must equal
-the uninterrupted one.
+the uninterrupted one. A node drain (one pod evicted) is a preemption instead: the ranks save the
+step they stop at, and the gang restarts without spending a restart or losing a step.
 """
 
 from __future__ import annotations
@@ -137,3 +138,33 @@ def test_ranks_killed_three_times_resume_to_the_uninterrupted_adapter(
     assert not list(out.glob("checkpoints/.tmp-*")) and not list(out.glob("checkpoints/corrupt-*")), kills
     tiny.wait_events({"RankFailed", "Completed"}, name="tiny-cpu")
     assert_same_adapter(out, uninterrupted.out, kills)
+
+
+def _logged_steps(train_log: Path) -> list[int]:
+    """The optimizer steps rank 0 logged, in order, over every gang."""
+    lines = train_log.read_text().splitlines() if train_log.exists() else []
+    return [e["step"] for e in map(json.loads, filter(str.strip, lines)) if "loss" in e]
+
+
+@pytest.mark.usefixtures("described_on_failure")
+def test_an_evicted_pod_stops_its_gang_with_a_checkpoint_and_spends_no_restart(
+    tiny: Jobs, kube: Kube, kubeconfig: Path, local_cluster: LocalCluster
+) -> None:
+    """A node drain evicts one pod: its ranks and their peers in the other pod stop at the same step
+    boundary with a checkpoint (`Preempted`), the operator restarts the gang without spending a
+    restart (the backoff limit is 0), and the resumed run takes each step exactly once. (That the
+    adapter then equals an uninterrupted run's, the trainer tier shows: test_resume.py.)"""
+    doc = tiny_job(tiny.ns, max_steps=MAX_STEPS, checkpoint_every=CHECKPOINT_EVERY)
+    doc["spec"]["failurePolicy"] = {"backoffLimit": 0}
+    kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(doc))
+    log = output_dir(local_cluster, tiny.ns) / "train_log.jsonl"
+    past = CHECKPOINT_EVERY + 2  # a step no periodic checkpoint saves
+    wait_for(lambda: (_logged_steps(log) or [0])[-1] >= past, 480, f"rank 0 to log step {past}", interval=0.05)
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "tiny-cpu-1", "namespace": tiny.ns}}
+    kube.create(f"/api/v1/namespaces/{tiny.ns}/pods/tiny-cpu-1/eviction", eviction)
+    status = tiny.wait(lambda s: s.get("preemptions", 0) >= 1, "the preemption", name="tiny-cpu", timeout=240)
+    assert status["restarts"] == 0 and "Preempted: " in status["lastPreemption"]["message"], status
+    status = tiny.wait_state("Succeeded", name="tiny-cpu", timeout=780)
+    assert (status["restarts"], status["preemptions"]) == (0, 1), status
+    steps = _logged_steps(log)
+    assert steps == list(range(1, MAX_STEPS + 1)), steps  # 0 steps lost, none taken twice

@@ -1,4 +1,5 @@
-"""Resume equivalence: a run SIGKILLed mid-epoch (or mid-save) and resumed matches an uninterrupted one.
+"""Resume equivalence: a run SIGKILLed mid-epoch (or mid-save), or stopped by SIGTERM (a
+preemption, which saves the step it stops at), and resumed matches an uninterrupted one.
 
 Two gloo ranks, ZeRO-2 (optimizer states sharded per rank), gradient accumulation 2 and
 LoRA dropout on, so the test covers the engine, optimizer shards, LR scheduler, data
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.support.training_runs import Run, job_manifest, render_config, start_train, wait_for
@@ -219,3 +222,98 @@ def test_a_full_output_disk_names_the_cause_and_keeps_the_previous_checkpoint(
         assert state, "the previous checkpoint still loads"
     finally:
         subprocess.run(["umount", "-l", str(out)], check=False)
+
+
+def _stopped_ranks(run: Run) -> list[psutil.Process]:
+    """The processes of the run that SIGSTOPped themselves at a fault point."""
+    stopped = []
+    for proc in psutil.Process(run.proc.pid).children(recursive=True):
+        try:
+            if proc.status() == psutil.STATUS_STOPPED:
+                stopped.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return stopped
+
+
+def _sigterm_while_stopped(run: Run, ranks: int) -> None:
+    """Once `ranks` processes stopped themselves at the fault point: SIGTERM the whole pod (as the
+    process node, standing in for the kubelet, does), then let the ranks go on with it pending."""
+    assert wait_for(lambda: len(_stopped_ranks(run)) == ranks or run.proc.poll() is not None, 240), run.log()[-3000:]
+    stopped = _stopped_ranks(run)
+    assert len(stopped) == ranks, run.log()[-3000:]
+    os.killpg(run.proc.pid, signal.SIGTERM)
+    for proc in stopped:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
+def _checkpoint_steps(out: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*"))
+
+
+PREEMPT_ENV = {"FTJOB_STOP_GRACE_SECONDS": "240"}
+"""The launcher's and the entrypoint's grace for the ranks' stop (the operator renders it from a save)."""
+TRIALS = int(os.environ.get("FTJOB_TEST_PREEMPTION_TRIALS", "1"))
+"""Preemptions at independent random steps; the README's reliability figure runs more of them."""
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("trial", range(TRIALS))
+def test_sigterm_at_a_random_step_saves_that_step_and_the_resume_loses_nothing(
+    trial: int,
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    reference: tuple[dict[int, float], dict[str, Any], Path],
+    launch: Callable[..., Run],
+) -> None:
+    """A preemption at a random step: the ranks stop at the next step boundary with a checkpoint of
+    that step (or at once after the save of a checkpoint step), the pod ends `Preempted`, and the
+    resumed run takes each step exactly once and ends with the uninterrupted run's adapter."""
+    paused_after = random.SystemRandom().randint(1, STEPS - 2)  # SIGTERM comes after this step's all-reduce
+    stop_at = paused_after if paused_after % CHECKPOINT_EVERY == 0 else paused_after + 1
+    config = render_config(tmp_path / "config", _manifest(tiny_model_dir, reference[2]))
+    out = tmp_path / "out"
+    first = launch(config, out, tag="first", env={**PREEMPT_ENV, "FTJOB_FAULT_STOP": f"step:{paused_after}"})
+    _sigterm_while_stopped(first, ranks=2)
+    code = first.wait(300)
+    detail = f"SIGTERM after step {paused_after}: {first.termination()} {first.log()[-3000:]}"
+    assert code == 128 + signal.SIGTERM, detail
+    assert first.termination().startswith(
+        f"Preempted: asked to stop (SIGTERM); stopped at the boundary of step {stop_at} of {STEPS} "
+        f"after saving checkpoint step-{stop_at:08d}: no step is lost"
+    ), detail
+    assert _checkpoint_steps(out)[-1] == stop_at, detail
+    assert _resume_point(first.train_log()) == stop_at, detail  # no step past the checkpoint
+    assert not (out / "COMPLETED.json").exists()
+
+    second = launch(config, out, tag="second")
+    assert second.wait(240) == 0, second.log()[-3000:]
+    assert f"resumed from {out / 'checkpoints' / f'step-{stop_at:08d}'}" in second.log(), detail
+    steps = [e["step"] for e in second.train_log() if "loss" in e]  # both runs': 0 steps lost, none redone
+    assert steps == list(range(1, STEPS + 1)), (paused_after, steps)
+    _assert_equivalent(second, reference, stop_at + 1)
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_during_a_save_finishes_it_and_stops_there(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    reference: tuple[dict[int, float], dict[str, Any], Path],
+    launch: Callable[..., Run],
+) -> None:
+    """Rank 0 is paused inside the save of a checkpoint step when SIGTERM arrives: the save is
+    finished, not cut short, and the ranks stop right after it without taking another step or
+    saving the same step twice."""
+    step = 2 * CHECKPOINT_EVERY
+    config = render_config(tmp_path / "config", _manifest(tiny_model_dir, reference[2]))
+    out = tmp_path / "out"
+    first = launch(config, out, tag="first", env={**PREEMPT_ENV, "FTJOB_FAULT_STOP": f"save:{step}"})
+    _sigterm_while_stopped(first, ranks=1)  # only rank 0 passes the save's fault point
+    code = first.wait(300)
+    assert code == 128 + signal.SIGTERM, first.log()[-3000:]
+    assert first.termination().startswith(f"Preempted: asked to stop (SIGTERM); stopped at the boundary of step {step}")
+    assert _checkpoint_steps(out) == [CHECKPOINT_EVERY, step]
+    assert not [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith(".tmp-")]
+    assert _resume_point(first.train_log()) == step
+    saves = [e["step"] for e in first.train_log() if "checkpoint" in e]
+    assert saves == [CHECKPOINT_EVERY, step], saves

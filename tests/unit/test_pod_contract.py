@@ -160,6 +160,7 @@ def test_every_policy_module_is_a_phase_of_the_lifecycle() -> None:
     assert {f"{policies.__name__}.{m}" for m in modules} <= used
     assert [p.__module__.rsplit(".", 1)[-1] for p in lifecycle.WORKER_POLICIES] == [
         "success",
+        "preemption",
         "failure",
         "config_change",
     ]

@@ -128,11 +128,13 @@ def test_eviction_scales_to_zero_counts_once_and_spends_no_restart() -> None:
     status = evicted.status
     assert evicted.replicas == 0 and status.state == "Queued"
     assert status.evictions == 1 and status.restarts == 0
+    assert status.preemptions == 1, "a preemption, counted apart from failures"
     assert "Preempted" in [e.reason for e in evicted.events]
     assert not evicted.release_workload, "quota goes back only once the pods are gone"
     job = job.model_copy(update={"status": status})
     stopped = run_queued(job, [], EVICTED)
     assert stopped.release_workload and stopped.status.evictions == 1 and stopped.status.restarts == 0
+    assert stopped.status.preemptions == 1
     assert not stopped.events
 
 

@@ -265,7 +265,7 @@ def test_every_env_name_the_operator_sets_is_reserved_or_a_default_users_may_ove
     )
     names = [e["name"] for e in container(rendered(j))["env"]]
     overridable = {*DEFAULT_ENV, *NCCL_ENV, "HF_TOKEN", "HF_ENDPOINT", "FTJOB_DOWNLOAD_TIMEOUT_SECONDS"}
-    overridable |= {"OMP_NUM_THREADS", "MKL_NUM_THREADS"}
+    overridable |= {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "FTJOB_STOP_GRACE_SECONDS"}
     assert "FTJOB_PREFETCH_MODEL" in names and "DS_ACCELERATOR" in names
     assert sorted(n for n in names if n not in overridable and n not in RESERVED_ENV) == []
     assert len(names) == len(set(names))

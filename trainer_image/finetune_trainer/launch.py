@@ -7,7 +7,8 @@ with `python -m finetune_trainer.node_launcher --world_info=... --node_rank=$NOD
 watch) without importing torch and DeepSpeed in a process that only starts the ranks.
 The entrypoint stays the container's main process so that it can turn what the ranks
 left behind into the termination message and the exit code the operator reads:
-0 with a JSON summary, 137 when a rank was SIGKILLed (the OOM killer), 1 otherwise with
+0 with a JSON summary, 143 with `Preempted: ...` when the ranks stopped on SIGTERM after saving a
+checkpoint (`preemption`), 137 when a rank was SIGKILLed (the OOM killer), 1 otherwise with
 `<Reason>: <message>`. `ftjob run` uses this same function with a localhost hostfile.
 """
 
@@ -30,7 +31,7 @@ from typing import Any
 from finetune_operator.api.pod_contract import TerminationReason, TrainingSummary
 from finetune_operator.api.pod_env import CUDA_ALLOCATOR_DEFAULT, PodEnv
 
-from . import node_launcher, outcome, process_tree, s3_checkpoints, s3_inputs, shm_segments
+from . import node_launcher, outcome, preemption, process_tree, s3_checkpoints, s3_inputs, shm_segments
 from .download_gate import DownloadTimeout, download_timeout, gang_ready, within_limit
 from .objstore import StoreError
 from .paths import completion_marker, resolve_uri
@@ -218,7 +219,8 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
         result = _conclude(state_dir, returncode, node_rank, terminated["signal"], killed)
     if tracking is not None:
         try:
-            result = _tracked(tracking, result, marker, stopped=bool(terminated["signal"]))
+            stopped = bool(terminated["signal"]) or result.exit_code == preemption.PREEMPTED_EXIT_CODE
+            result = _tracked(tracking, result, marker, stopped=stopped)
         except Exception as exc:  # tracking never fails a run: the result stands without it
             log.warning("tracking: not finished: %s", str(exc)[:300])
     return result
@@ -250,10 +252,15 @@ def _fetch_remote_marker(cfg: JobConfig, marker: Path) -> None:
 
 def _conclude(state_dir: Path, returncode: int, node_rank: int, signum: int, killed: list[int]) -> Result:
     summary_file = state_dir / outcome.SUMMARY_FILE
-    if returncode == 0 and summary_file.exists():
+    if summary_file.exists() and (returncode == 0 or signum):  # finished within the stop's grace
         summary = outcome.read_summary(summary_file)
         outcome.write_summary(summary)
         return Result(0, _wire(summary), "succeeded")
+    preempted = state_dir / preemption.PREEMPTED_FILE
+    if preempted.exists():  # the stop's checkpoint is saved, whatever the launcher did after it
+        line = outcome.one_line(str(json.loads(preempted.read_text())["line"]))
+        outcome.write_termination(line)
+        return Result(preemption.PREEMPTED_EXIT_CODE, None, line)
     if signum:
         forced = f" ({len(killed)} of them SIGKILLed after the grace period)" if killed else ""
         name = signal.Signals(signum).name

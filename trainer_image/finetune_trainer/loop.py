@@ -19,7 +19,7 @@ from finetune_operator.api.pod_contract import CheckpointState, TrainingSummary
 from finetune_operator.api.spec import MethodType
 from finetune_operator.api.strategy import Strategy
 
-from . import checkpoint, evaluation, export, leader_work, modeling, rank_setup, s3_checkpoints, universal
+from . import checkpoint, evaluation, export, leader_work, modeling, preemption, rank_setup, s3_checkpoints, universal
 from .data.batching import collate
 from .devices import float64_on_rank
 from .loss import training_loss
@@ -85,6 +85,8 @@ class Trainer:
         """(checkpoint step, written under another strategy) once `_resume` loaded one."""
         self.s3 = s3_checkpoints.S3Output.for_trainer(self.spec, self.out, self.dist)
         """Uploads, commits and downloads checkpoints when the output is on s3:// (else None)."""
+        self.stop_agreed = False
+        """Some rank was asked to stop (SIGTERM) before the last step's all-reduce: every rank knows."""
 
     # ---- setup -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -184,13 +186,17 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.progress.max_steps.set(self.data.total_steps)
             self.metrics.progress.global_step.set(state.global_step)
+        preemption.defer()
         for step in range(state.global_step, self.data.total_steps):
             state = self._step(step, state)
             checkpoint.fault_point("step", state.global_step, once_in=self.out)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{state.last_loss:.3f}")
-            self._evaluate_or_checkpoint(state)
+            if self.stop_agreed:  # the grace period is for the save: this step's evaluation is skipped
+                self._stop_here(state, saved=False)
+            if self._evaluate_or_checkpoint(state) and self.dist.sum([preemption.flag()])[0] > 0:
+                self._stop_here(state, saved=True)  # asked during the save: it is finished, and enough
         if bar is not None:
             bar.close()
         after = self.evaluate()
@@ -299,9 +305,10 @@ class Trainer:
         began = time.perf_counter()
         lr = float(self.engine.get_lr()[0])
         mine = self._micro_batches(step)
-        loss_all, label_all, tok_all, samp_all, trained_all = self.dist.sum(
-            [mine.loss_sum, mine.labels, mine.tokens, mine.samples, mine.trained]
+        loss_all, label_all, tok_all, samp_all, trained_all, stops = self.dist.sum(
+            [mine.loss_sum, mine.labels, mine.tokens, mine.samples, mine.trained, preemption.flag()]
         )
+        self.stop_agreed = stops > 0  # every rank sees the same sum: they stop at the same boundary
         done = step + 1
         state = state.model_copy(
             update={
@@ -349,19 +356,29 @@ class Trainer:
         self._record(entry)
         return state
 
-    def _evaluate_or_checkpoint(self, state: CheckpointState) -> None:
+    def _evaluate_or_checkpoint(self, state: CheckpointState) -> bool:
         """What `training.evalEverySteps` and `checkpointEverySteps` ask for after this step
-        (not after the last one: the final evaluation and the result follow it)."""
+        (not after the last one: the final evaluation and the result follow it); whether it saved."""
         done, t = state.global_step, self.spec.training
         if done >= self.data.total_steps:
-            return
+            return False
         if t.eval_every_steps and done % t.eval_every_steps == 0:
             result = self.evaluate()
             self._record({"step": done, "eval": result})
             if self.dist.rank == 0:
                 log.info("step %d eval %s", done, _brief(result))
-        if done % t.checkpoint_every_steps == 0:
+        if done % t.checkpoint_every_steps != 0:
+            return False
+        self._checkpoint(state.model_copy(update={"data_position": self.data.sampler.position(done)}))
+        return True
+
+    def _stop_here(self, state: CheckpointState, saved: bool) -> None:
+        """Every rank agreed to stop at this boundary (SIGTERM, see `preemption`): save this step
+        unless it was just saved, then end the run with `Preempted`."""
+        done = state.global_step
+        if not saved:
             self._checkpoint(state.model_copy(update={"data_position": self.data.sampler.position(done)}))
+        raise preemption.Preempted(done, self.data.total_steps, checkpoint.step_dir_name(done))
 
     @property
     def strategy(self) -> Strategy:

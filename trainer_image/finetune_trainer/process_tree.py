@@ -4,11 +4,14 @@ The entrypoint starts `finetune_trainer.node_launcher`, which starts the ranks. 
 launcher alone are not enough: a launcher that dies leaves its ranks training (one of them
 at 100 % CPU). So on SIGTERM or SIGINT the
 entrypoint walks the launcher's process tree while it is still whole, sends SIGTERM to
-every process in it (a rank raises `StoppedBySignal` and leaves its root cause), and
+every process in it (a training rank stops at the next step boundary with a checkpoint, see
+`preemption`; one still setting up raises `StoppedBySignal` and leaves its root cause), and
 SIGKILLs what is still there after a grace period (a rank spinning in C++ never runs its
-Python signal handler). The tree stays in the entrypoint's process group, so whoever
-kills that group (a test, a process node standing in for the kubelet) still kills it all.
-Zombies count as gone: they hold nothing, and only their parent can reap them.
+Python signal handler). In a pod the operator sizes that grace for a checkpoint save
+(`PodEnv.FTJOB_STOP_GRACE_SECONDS`, spelled out here: this module loads no pydantic). The tree
+stays in the entrypoint's process group, so whoever kills that group (a test, a process node
+standing in for the kubelet) still kills it all. Zombies count as gone: they hold nothing, and
+only their parent can reap them.
 """
 
 from __future__ import annotations

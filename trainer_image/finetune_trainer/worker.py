@@ -2,8 +2,9 @@
 
 It joins the process group (gloo on CPU, nccl on GPU), serves its metrics, trains, and
 leaves its outcome in the run-state folder the entrypoint gave it (FTJOB_RUN_STATE_DIR):
-the summary (local rank 0) or a one-line root cause (any failing rank). Global rank 0
-writes the completion marker last, once every rank has saved its share.
+the summary (local rank 0), the `Preempted` line once a stop's checkpoint is saved (local rank
+0, see `preemption`), or a one-line root cause (any failing rank). Global rank 0 writes the
+completion marker last, once every rank has saved its share.
 """
 
 from __future__ import annotations
@@ -12,19 +13,17 @@ import argparse
 import contextlib
 import logging
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from types import FrameType
 
 from finetune_operator.api.pod_env import PodEnv
 
-from . import log_filters
+from . import log_filters, preemption
 from .checkpoint import fault_point
-from .outcome import SUMMARY_FILE, StoppedBySignal, failure_line, mark_rank, write_rank_failure
+from .outcome import SUMMARY_FILE, failure_line, mark_rank, write_rank_failure
 from .paths import completion_marker
 from .s3_checkpoints import publish_completion
 from .shm_segments import bounded_setup, release_own, setup_seconds
@@ -64,7 +63,7 @@ def run_rank(config_dir: str) -> int:
     _name_process(rank)
     _setup_logging(rank)
     mark_rank(state_dir, rank, "started")
-    signal.signal(signal.SIGTERM, _raise_stopped)
+    preemption.install()
     try:
         from .atomic_json import write_json_atomic
         from .loop import Trainer
@@ -121,7 +120,16 @@ def run_rank(config_dir: str) -> int:
             serve(registry, local_rank)
         trainer = Trainer(cfg, local_rank, metrics, progress=os.environ.get(PodEnv.FTJOB_PROGRESS) == "1")
         trainer.setup()
-        summary = trainer.run()
+        try:
+            summary = trainer.run()
+        except preemption.Preempted as stop:  # the checkpoint is saved: a stop, not a failure
+            if local_rank == 0:
+                write_json_atomic(state_dir / preemption.PREEMPTED_FILE, {"line": str(stop)})
+            if rank == 0:
+                log.warning("%s", stop)
+            torch.distributed.destroy_process_group()
+            mark_rank(state_dir, rank, "done")
+            return 0
         wire = summary.model_dump(by_alias=True, exclude_none=True)
         if local_rank == 0:
             write_json_atomic(state_dir / SUMMARY_FILE, wire)
@@ -138,10 +146,6 @@ def run_rank(config_dir: str) -> int:
         traceback.print_exc()
         print(line, file=sys.stderr, flush=True)
         return 1
-
-
-def _raise_stopped(signum: int, frame: FrameType | None) -> None:
-    raise StoppedBySignal(f"stopped by {signal.Signals(signum).name} (another rank failed, or the pod is stopping)")
 
 
 def _gpu_uuid(local_rank: int) -> str:

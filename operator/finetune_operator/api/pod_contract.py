@@ -62,6 +62,10 @@ class TerminationReason(StrEnum):
     NETWORK_ERROR = "NetworkError"
     """The collectives' transport failed (e.g. NCCL could not register memory with the RDMA
     device): retried like any rank failure, never re-planned, whatever errno text it carries."""
+    PREEMPTED = "Preempted"
+    """Asked to stop (SIGTERM: a Kueue preemption, an eviction, a node drain, a spot reclaim): the ranks
+    stopped at a step boundary after saving a checkpoint. Not a failure: the gang restarts from that
+    checkpoint without spending the restart budget."""
 
 
 NOT_RETRIED = frozenset(

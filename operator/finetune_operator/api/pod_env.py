@@ -102,6 +102,9 @@ class PodEnv(StrEnum):
     """The flight recorder's entries per rank (0 turns it, and the dump on timeout, off)."""
     FTJOB_DOWNLOAD_TIMEOUT_SECONDS = "FTJOB_DOWNLOAD_TIMEOUT_SECONDS"
     """How long a pod's model download (and its wait for the other pods') may take."""
+    FTJOB_STOP_GRACE_SECONDS = "FTJOB_STOP_GRACE_SECONDS"
+    """How long the entrypoint and the launcher give the ranks to stop on SIGTERM (finish the step,
+    save a checkpoint) before SIGKILL: the pod's grace period less a reserve (`render/stop_grace.py`)."""
     MLFLOW_TRACKING_TOKEN = "MLFLOW_TRACKING_TOKEN"
     """MLflow's bearer token, from the tracking Secret."""
     MLFLOW_TRACKING_USERNAME = "MLFLOW_TRACKING_USERNAME"
@@ -174,6 +177,7 @@ OVERRIDABLE: frozenset[PodEnv] = frozenset(
         PodEnv.TORCH_NCCL_DUMP_ON_TIMEOUT,
         PodEnv.TORCH_NCCL_TRACE_BUFFER_SIZE,
         PodEnv.FTJOB_DOWNLOAD_TIMEOUT_SECONDS,
+        PodEnv.FTJOB_STOP_GRACE_SECONDS,
         PodEnv.MLFLOW_TRACKING_TOKEN,
         PodEnv.MLFLOW_TRACKING_USERNAME,
         PodEnv.MLFLOW_TRACKING_PASSWORD,

@@ -88,6 +88,11 @@ class Progress(ApiModel):
         default=None,
         description="True when that checkpoint was written under another strategy and converted to the plan's.",
     )
+    checkpoint_save_seconds: Annotated[float, Field(ge=0)] | None = Field(
+        default=None,
+        description="Mean wall clock of a checkpoint save as rank 0 measured it (kept across restarts): the "
+        "trainer pods' terminationGracePeriodSeconds is sized from it once known, from the plan before.",
+    )
     last_update_time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None
 
 
@@ -142,7 +147,16 @@ class FineTuneJobStatus(ApiModel):
     evictions: Annotated[int, Field(ge=0)] = Field(
         default=0, description="Times Kueue evicted (preempted) the admitted gang; not counted as restarts."
     )
+    preemptions: Annotated[int, Field(ge=0)] = Field(
+        default=0,
+        description="Times the gang was stopped to make room (a Kueue eviction, or ranks that stopped on SIGTERM "
+        "after saving a checkpoint: a pod eviction, a node drain, a spot reclaim); never counted as restarts, "
+        "never against failurePolicy.backoffLimit.",
+    )
     last_failure: LastFailure | None = None
+    last_preemption: LastFailure | None = Field(
+        default=None, description="The last stop of the gang on SIGTERM that its ranks reported as Preempted."
+    )
     workers: Workers | None = None
     result: Result | None = None
     start_time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None

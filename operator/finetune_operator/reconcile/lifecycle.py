@@ -16,13 +16,25 @@ from ..api.job import FineTuneJob
 from ..api.status import PlanStatus, Progress
 from .decision import Decision, Effects, Planner, Replanner
 from .observed import Observed
-from .policies import config_change, deadline, failure, gang, planning, queueing, success, suspend, ttl, waiting
+from .policies import (
+    config_change,
+    deadline,
+    failure,
+    gang,
+    planning,
+    preemption,
+    queueing,
+    success,
+    suspend,
+    ttl,
+    waiting,
+)
 from .policies.finish import finish
 from .policies.phases import Action, Cleared, Gang, Inputs, WorkerPolicy
 from .policies.status_builder import StatusBuilder
 from .tracking import TrackingReport
 
-WORKER_POLICIES: tuple[WorkerPolicy, ...] = (success.decide, failure.decide, config_change.decide)
+WORKER_POLICIES: tuple[WorkerPolicy, ...] = (success.decide, preemption.decide, failure.decide, config_change.decide)
 """Tried in order on the gang verdict; `waiting.decide` takes every gang they leave."""
 
 

@@ -32,6 +32,8 @@ WANTED = {
     "finetune_model_download_total_bytes": "download_total",
     "finetune_checkpoint_resumed_step": "resumed_step",
     "finetune_checkpoint_resume_converted": "converted",
+    "finetune_checkpoint_save_duration_seconds_sum": "save_seconds",
+    "finetune_checkpoint_save_duration_seconds_count": "saves",
 }
 GIB = 2**30
 
@@ -105,6 +107,8 @@ def to_progress(now: datetime, current: Sample, previous: Sample | None) -> Prog
     summary = f"{step}/{total} ({percent}%)" if total else _download(v)
     loss = v.get("loss") if step > 0 else None  # before the first step the gauge is only initialised
     resumed = int(v["resumed_step"]) if v.get("resumed_step", 0) > 0 else None
+    saves = v.get("saves", 0.0)
+    save_seconds = round(v.get("save_seconds", 0.0) / saves, 3) if saves > 0 else None
     return Progress(
         step=step,
         total_steps=total,
@@ -117,5 +121,6 @@ def to_progress(now: datetime, current: Sample, previous: Sample | None) -> Prog
         skipped_records=int(v["skipped"]) if "skipped" in v else None,
         resumed_from_step=resumed,
         checkpoint_converted=bool(v.get("converted")) if resumed is not None else None,
+        checkpoint_save_seconds=save_seconds if save_seconds is None or save_seconds >= 0 else None,
         last_update_time=timestamp(now),
     )

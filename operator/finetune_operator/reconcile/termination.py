@@ -25,6 +25,11 @@ def _first_line(term: Termination) -> str:
     return next((line.strip() for line in term.message.splitlines() if line.strip()), "")
 
 
+def is_preempted(term: Termination) -> bool:
+    """The ranks stopped on SIGTERM after saving a checkpoint (`Preempted: ...`): not a failure."""
+    return reason_of_line(_first_line(term)) == TerminationReason.PREEMPTED
+
+
 def not_retried(term: Termination) -> TerminationReason | None:
     """The trainer's reason when the failure would repeat on every gang restart, else None."""
     reason = reason_of_line(_first_line(term))

@@ -19,6 +19,7 @@ from .config_files import config_files
 from .identity import config_map_name, labels, metadata, selector_labels
 from .options import RenderOptions
 from .scratch import scratch_bytes
+from .stop_grace import termination_grace_seconds
 from .tracking import with_default_tracking
 from .workers import headless_service, statefulset
 
@@ -47,6 +48,8 @@ def gang_hash(job: FineTuneJob, plan: PlanStatus, options: RenderOptions) -> str
     """
     job = with_default_tracking(job, options.default_tracking_uri)
     scratch = scratch_bytes(job.spec, plan)
+    # rendered at the floor: the grace follows the measured save time, which changes while the gang
+    # runs and is not what a rank runs (`stop_grace`)
     template = statefulset(job, options, 0, "", plan.host_bytes_per_node, scratch_bytes=scratch)["spec"]["template"]
     digest = hashlib.sha256(config_hash(config_map(job, plan)).encode())
     digest.update(json.dumps(template, sort_keys=True).encode())
@@ -103,6 +106,7 @@ def render_all(
         plan.host_bytes_per_node,
         scratch_bytes=scratch_bytes(job.spec, plan),
         model_bytes=plan.model_bytes,
+        grace_seconds=termination_grace_seconds(job, plan, options.termination_grace_seconds),
     )
     if placement:
         pod_spec = workers["spec"]["template"]["spec"]

@@ -31,6 +31,7 @@ from .identity import (
 )
 from .options import RenderOptions
 from .placement import affinity, apply_overlay, node_selector, tolerations
+from .stop_grace import ranks_stop_seconds
 from .tracking import tracking_env
 from .volumes import (
     MODEL_CACHE_DIR,
@@ -75,7 +76,7 @@ def headless_service(job: FineTuneJob, options: RenderOptions) -> dict[str, Any]
     }
 
 
-def _env(job: FineTuneJob, options: RenderOptions) -> list[dict[str, Any]]:
+def _env(job: FineTuneJob, options: RenderOptions, grace: int) -> list[dict[str, Any]]:
     spec = job.spec
     user = {e.name: e for e in spec.env or []}
     env: list[dict[str, Any]] = [
@@ -92,6 +93,7 @@ def _env(job: FineTuneJob, options: RenderOptions) -> list[dict[str, Any]]:
         value_entry(PodEnv.DS_ACCELERATOR, "cuda" if spec.resources.gpus_per_node else "cpu"),
     ]
     defaults = dict(DEFAULT_ENV)
+    defaults[PodEnv.FTJOB_STOP_GRACE_SECONDS] = str(ranks_stop_seconds(grace))
     if is_hub_model(spec.model.uri):  # downloaded once per pod into the cache, before the ranks start
         defaults[PodEnv.HF_HOME] = f"{MODEL_CACHE_DIR}/hf"
         env.append(value_entry(PodEnv.FTJOB_PREFETCH_MODEL, "1"))
@@ -179,14 +181,17 @@ def statefulset(
     *,
     scratch_bytes: int = 0,
     model_bytes: int | None = None,
+    grace_seconds: int | None = None,
 ) -> dict[str, Any]:
     """The workers; `replicas` is numNodes while running, 0 when suspended or finished.
 
     `host_bytes` is the plan's host memory per node (`status.plan.hostBytesPerNode`);
     `scratch_bytes` the local staging of an s3:// output (`plan.scratch.scratch_bytes`); `model_bytes`
-    the model's files (`status.plan.modelBytes`), which size each pod's cache claim.
+    the model's files (`status.plan.modelBytes`), which size each pod's cache claim; `grace_seconds`
+    the pods' terminationGracePeriodSeconds (`stop_grace`; None: the operator's floor).
     """
     spec = job.spec
+    grace = options.termination_grace_seconds if grace_seconds is None else grace_seconds
     restricted = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -199,7 +204,7 @@ def statefulset(
         "imagePullPolicy": options.image_pull_policy,
         "command": ["ftjob"],
         "args": ["train", "--config", CONFIG_DIR],
-        "env": _env(job, options),
+        "env": _env(job, options, grace),
         "ports": _ports(job, options),
         "resources": _resources(job, host_bytes, scratch_bytes),
         "volumeMounts": volume_mounts(job, CONFIG_DIR) + object_storage.volume_mounts(job, options),
@@ -212,7 +217,7 @@ def statefulset(
         "enableServiceLinks": False,
         "restartPolicy": "Always",
         "subdomain": service_name(job),
-        "terminationGracePeriodSeconds": options.termination_grace_seconds,
+        "terminationGracePeriodSeconds": grace,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": options.run_as_user,

@@ -77,7 +77,9 @@ from finetune_localcluster.probes import probe
 POLL_S = 0.3
 HEARTBEAT_S = 10.0
 HOSTS_REFRESH_S = 1.0
-MAX_GRACE_S = 30.0
+MAX_GRACE_S = 120.0
+"""The most of a pod's grace period honoured: trainer pods get one sized for a checkpoint save
+(at least 60 s), which their ranks use when preempted; a container that exits on SIGTERM ends sooner."""
 MAX_MESSAGE = 4096
 
 

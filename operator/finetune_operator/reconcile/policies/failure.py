@@ -17,11 +17,11 @@ from .status_builder import StatusBuilder
 
 
 def _first_failure(pods: tuple[PodView, ...]) -> tuple[PodView, Termination] | None:
-    for pod in pods:
-        term = pod.failure
-        if term is not None:
-            return pod, term
-    return None
+    """The first failed pod; one that stopped `Preempted` only when no pod failed for real."""
+    failed = [(pod, term) for pod in pods if (term := pod.failure) is not None]
+    real = [(pod, term) for pod, term in failed if not termination.is_preempted(term)]
+    first = real or failed
+    return first[0] if first else None
 
 
 def _resume_note(inputs: Inputs) -> str:

@@ -1,7 +1,7 @@
 """The gang verdict: which pods form the current gang, and how many of them are ready.
 
-Pods created before the last failure belong to the gang that failed: their deletion did not
-happen or is in flight, so they are deleted (again) and not counted. The rest give the
+Pods created before the last failure or preemption belong to the gang that stopped: their
+deletion did not happen or is in flight, so they are deleted (again) and not counted. The rest give the
 workers' readiness, and rank 0's metrics the progress and its tracking report. When rank 0
 first reports the checkpoint it resumed from, an Event says so, and whether it was converted
 to the plan."""
@@ -33,8 +33,8 @@ def announce_resume(
 def verdict(inputs: Inputs, b: StatusBuilder, cleared: Cleared) -> Gang:
     """The current gang; its readiness, progress and tracking report go into the status."""
     pods = inputs.observed.live_pods
-    failure = b.status.last_failure
-    restarted_at = parse_timestamp(failure.time) if failure else None
+    stops = [s.time for s in (b.status.last_failure, b.status.last_preemption) if s is not None and s.time]
+    restarted_at = max((t for t in map(parse_timestamp, stops) if t is not None), default=None)
     old_gang = [p for p in pods if restarted_at and (parse_timestamp(p.created) or restarted_at) < restarted_at]
     if old_gang:
         pods = tuple(p for p in pods if p not in old_gang)
@@ -42,6 +42,9 @@ def verdict(inputs: Inputs, b: StatusBuilder, cleared: Cleared) -> Gang:
     b.update(workers=Workers(ready=ready, total=inputs.nodes, summary=f"{ready}/{inputs.nodes}"))
     progress = inputs.progress
     if progress is not None:
+        before = b.status.progress
+        if progress.checkpoint_save_seconds is None and before is not None:  # this gang has not saved yet
+            progress = progress.model_copy(update={"checkpoint_save_seconds": before.checkpoint_save_seconds})
         plan = cleared.admission.plan
         announce_resume(b, plan, b.status.progress, progress.resumed_from_step, bool(progress.checkpoint_converted))
         b.update(progress=progress)

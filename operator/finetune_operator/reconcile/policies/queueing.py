@@ -51,7 +51,8 @@ def admit(inputs: Inputs, b: StatusBuilder, plan: PlanStatus) -> Admission | Eff
     evicted = wl.condition("Evicted")
     if evicted is not None and evicted.status == "True":
         if not is_true(b.status.conditions, ConditionType.QUEUED):
-            b.update(evictions=b.status.evictions + 1)
+            made_room = int(evicted.reason == R.PREEMPTED)  # not e.g. a PodsReady timeout
+            b.update(evictions=b.status.evictions + 1, preemptions=b.status.preemptions + made_room)
         message = (
             f"evicted by Kueue ({evicted.reason}): {evicted.message}; workers scaled to 0 (not a failure: "
             "restarts unchanged); the job resumes from its last checkpoint when admitted again"
