@@ -27,7 +27,10 @@ from tests.cluster.operator_harness import Jobs
 
 LIFECYCLES = 50
 WAVE = 8  # 2 pods x 1 GPU each: 8 jobs fill the two 8-GPU kwok nodes
-STEP_S = 120.0
+STEP_S = 240.0
+"""How long one lifecycle step may take to converge. 120 s was too short at load 13-14 (a clean
+clone's four lanes beside an image build, 2026-12-05): job-32's pods were both Running when its
+wait ran out, and the status caught up a moment later. A job that never converges still fails."""
 WORK_CPU_S = (0.3, 1.5)
 """How much CPU the operator gets after each start before the chaos kills it. In CPU, not wall
 time: killed 2-10 s after each start, an operator on a machine at load 16 (CI's four lanes on
