@@ -79,7 +79,9 @@ def test_chunked_loss_trains_exactly_like_the_full_logits(
     for key, tensor in want.items():
         # Adam divides each gradient entry by its own magnitude, so for an entry near zero an fp32
         # rounding difference moves the update by a visible fraction of lr (0.01); the loss and
-        # gradient-norm checks above are the tight ones (Adam's updates are blind to a scale error)
-        assert torch.allclose(trained[key].float(), tensor.float(), rtol=1e-4, atol=1e-4), key
+        # gradient-norm checks above are the tight ones (Adam's updates are blind to a scale error).
+        # atol is 5% of lr: on torch 2.10 one entry of 8,192 in full/packing/ZeRO-2 moved by
+        # 1.09e-4 after three steps (the rest within 3e-5)
+        assert torch.allclose(trained[key].float(), tensor.float(), rtol=1e-4, atol=5e-4), key
     if method == "full":  # the head trained, in both runs alike
         assert not torch.allclose(want["lm_head.weight"].float(), initial["lm_head.weight"].float())
