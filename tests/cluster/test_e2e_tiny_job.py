@@ -34,7 +34,7 @@ from finetune_localcluster.devtools import OperatorProcess, bind_claim, kubectl
 from tests.cluster.operator_harness import Jobs, namespaces
 from tests.cluster.process_jobs import CLAIM, assert_same_adapter, output_dir, tiny_job, worker_pids
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 MAX_STEPS, CHECKPOINT_EVERY = 40, 8
 
@@ -58,7 +58,7 @@ def uninterrupted(
         doc = tiny_job(jobs.ns, max_steps=MAX_STEPS, checkpoint_every=CHECKPOINT_EVERY)
         kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(doc))
         status = jobs.wait(lambda s: (s.get("progress") or {}).get("step", 0) > 0, "progress from rank 0's metrics",
-                           name="tiny-cpu", timeout=420)  # fmt: skip
+                           name="tiny-cpu", timeout=900)  # fmt: skip
         table = kubectl(kubeconfig, "get", "ftj", "-n", jobs.ns)
         total = status["progress"]["totalSteps"]
         status = jobs.wait_state("Succeeded", name="tiny-cpu", timeout=600)

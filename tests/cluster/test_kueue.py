@@ -310,7 +310,7 @@ def test_a_preempted_job_resumes_from_its_checkpoint_with_real_ranks(
 
     out = cluster.workdir / "pvc" / namespace / CLAIM / "low"
     create("low", max_steps, every)
-    jobs.wait_state("Running", "low", timeout=120)
+    jobs.wait_state("Running", "low", timeout=300)
     assert states(cluster, namespace) == {"low": "Running"}
     ranks = wait_for(lambda: worker_pids("low-0", namespace), 240, "the rank of pod low-0")
     wait_for(lambda: any((out / "checkpoints").glob("step-*")), TRAINING_WAIT_S, "low's first checkpoint")
@@ -345,10 +345,10 @@ def test_a_preempted_job_resumes_from_its_checkpoint_with_real_ranks(
         logged_steps(out / "train_log.jsonl"),
     )
 
-    jobs.wait_state("Running", "high", timeout=120)
+    jobs.wait_state("Running", "high", timeout=300)
     assert states(cluster, namespace) == {"low": "Queued", "high": "Running"}
     jobs.wait_state("Succeeded", "high", timeout=TRAINING_WAIT_S)
-    again = jobs.wait_state("Running", "low", timeout=120)
+    again = jobs.wait_state("Running", "low", timeout=300)
     assert again["evictions"] == 1 and again["restarts"] == 0, again
 
     resumed = f"resumed from /mnt/pvc/{CLAIM}/low/checkpoints/{saved[-1]} (step {resume_from},"

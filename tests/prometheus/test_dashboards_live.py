@@ -32,7 +32,7 @@ from tests.support.prometheus_server import (
 from tests.support.training_runs import Run, job_manifest, render_config, start_train
 from tools.dashboards import panel_queries
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 NAMESPACE = "ml-test"
 STEPS = {2: 240, 3: 80}
@@ -86,7 +86,7 @@ def train(tmp_path: Path, stage: int, target: TrainerTarget, prom: PrometheusSer
     env = {"FTJOB_METRICS_PORT": str(target.base_port), "FTJOB_POD_IP": "127.0.0.1"}
     run: Run = start_train(config, tmp_path / f"out-{stage}", env=env, tag=f"zero{stage}")
     try:
-        assert run.wait(600) == 0, run.log()[-3000:]
+        assert run.wait(1080) == 0, run.log()[-3000:]
     finally:
         run.kill()
     # The ranks have exited: their series went stale at the first failed scrape, so look back.
