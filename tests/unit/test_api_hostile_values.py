@@ -35,14 +35,14 @@ def verdicts(tmp_path: Path, capsys: pytest.CaptureFixture[str], **spec: Any) ->
     return err, EMULATION.problems(doc)
 
 
-def refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, words: str, **spec: Any) -> None:
+def check_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, words: str, **spec: Any) -> None:
     lines, schema = verdicts(tmp_path, capsys, **spec)
     assert schema, f"the CRD admits what validate refuses: {lines}"
     assert any(field in line and words in line for line in lines), lines
     assert not any("must match" in line for line in lines), lines
 
 
-def admitted(tmp_path: Path, capsys: pytest.CaptureFixture[str], **spec: Any) -> None:
+def check_admitted(tmp_path: Path, capsys: pytest.CaptureFixture[str], **spec: Any) -> None:
     lines, schema = verdicts(tmp_path, capsys, **spec)
     assert (lines, schema) == ([], [])
 
@@ -64,14 +64,14 @@ SECRET_KEY_FIELDS: list[tuple[str, Any]] = [
 def test_secret_keys_kubernetes_refuses_are_refused_at_apply(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, spec: Any, key: str
 ) -> None:
-    refused(tmp_path, capsys, field, "must be a Secret key", **spec(key))
+    check_refused(tmp_path, capsys, field, "must be a Secret key", **spec(key))
 
 
 @pytest.mark.parametrize("key", [".x", "x..y", "x.", "_a", "-", "token", "a" * 253])
 def test_secret_keys_kubernetes_takes_are_admitted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str
 ) -> None:
-    admitted(tmp_path, capsys, hfTokenSecretRef={"name": "hf", "key": key})
+    check_admitted(tmp_path, capsys, hfTokenSecretRef={"name": "hf", "key": key})
 
 
 BAD_BUCKETS = [
@@ -88,38 +88,38 @@ def test_bucket_names_s3_refuses_are_refused(
     spec = {"model": {"uri": f"s3://{bucket}/base", "architecture": "meta-llama/Llama-3.1-8B"}}
     if where == "output":
         spec = {"output": {"uri": f"s3://{bucket}/runs/job"}}
-    refused(tmp_path, capsys, f"spec.{where}.uri", "bucket name", objectStorage=CREDS, **spec)
+    check_refused(tmp_path, capsys, f"spec.{where}.uri", "bucket name", objectStorage=CREDS, **spec)
 
 
 @pytest.mark.parametrize("bucket", ["abc", "a.b-c", "my-bucket.2", "192.168.5", "a-b--c", "x" * 63, "xn-a", "s3alias"])
 def test_bucket_names_s3_takes_are_admitted(tmp_path: Path, capsys: pytest.CaptureFixture[str], bucket: str) -> None:
-    admitted(tmp_path, capsys, objectStorage=CREDS, output={"uri": f"s3://{bucket}/runs/job"})
+    check_admitted(tmp_path, capsys, objectStorage=CREDS, output={"uri": f"s3://{bucket}/runs/job"})
 
 
 @pytest.mark.parametrize("uri", ["s3://bucket//", "s3://bucket///", "s3://bucket//x", "s3://bucket/a//b", "s3://b"])
 def test_no_key_segment_of_an_s3_uri_is_empty(tmp_path: Path, capsys: pytest.CaptureFixture[str], uri: str) -> None:
-    refused(tmp_path, capsys, "spec.output.uri", "s3://bucket/prefix", objectStorage=CREDS, output={"uri": uri})
-    refused(tmp_path, capsys, "spec.dataset.uri", "s3://bucket/prefix", objectStorage=CREDS, dataset={"uri": uri})
+    check_refused(tmp_path, capsys, "spec.output.uri", "s3://bucket/prefix", objectStorage=CREDS, output={"uri": uri})
+    check_refused(tmp_path, capsys, "spec.dataset.uri", "s3://bucket/prefix", objectStorage=CREDS, dataset={"uri": uri})
 
 
 @pytest.mark.parametrize("uri", ["s3://bucket/x", "s3://bucket/x/", "s3://bucket/a/b.c/d"])
 def test_s3_prefixes_and_keys_are_admitted(tmp_path: Path, capsys: pytest.CaptureFixture[str], uri: str) -> None:
-    admitted(tmp_path, capsys, objectStorage=CREDS, output={"uri": uri})
+    check_admitted(tmp_path, capsys, objectStorage=CREDS, output={"uri": uri})
 
 
 @pytest.mark.parametrize("port", ["0", "65536", "99999", "00080"])
 def test_endpoint_ports_outside_1_to_65535_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], port: str
 ) -> None:
-    refused(tmp_path, capsys, "spec.objectStorage.endpoint", "1-65535",
+    check_refused(tmp_path, capsys, "spec.objectStorage.endpoint", "1-65535",
             objectStorage={"endpoint": f"http://s3.example.com:{port}"})  # fmt: skip
-    refused(tmp_path, capsys, "spec.tracking.mlflow.trackingUri", "1-65535",
+    check_refused(tmp_path, capsys, "spec.tracking.mlflow.trackingUri", "1-65535",
             tracking={"mlflow": {"trackingUri": f"https://mlflow.example.com:{port}/x"}})  # fmt: skip
 
 
 @pytest.mark.parametrize("port", ["1", "80", "8333", "65535"])
 def test_endpoint_ports_in_range_are_admitted(tmp_path: Path, capsys: pytest.CaptureFixture[str], port: str) -> None:
-    admitted(tmp_path, capsys, objectStorage={"endpoint": f"http://s3.example.com:{port}"},
+    check_admitted(tmp_path, capsys, objectStorage={"endpoint": f"http://s3.example.com:{port}"},
              tracking={"mlflow": {"trackingUri": f"http://mlflow:{port}/"}})  # fmt: skip
 
 
@@ -127,26 +127,28 @@ def test_endpoint_ports_in_range_are_admitted(tmp_path: Path, capsys: pytest.Cap
 def test_a_revision_never_holds_two_periods_in_a_row(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], revision: str
 ) -> None:
-    refused(tmp_path, capsys, "spec.model.revision", "hub revision", model={"uri": "org/model", "revision": revision})
+    check_refused(
+        tmp_path, capsys, "spec.model.revision", "hub revision", model={"uri": "org/model", "revision": revision}
+    )
 
 
 @pytest.mark.parametrize("revision", ["main", "v1.0", "refs/pr/1", "0123abcd", "release-2.1_x"])
 def test_revisions_are_admitted(tmp_path: Path, capsys: pytest.CaptureFixture[str], revision: str) -> None:
     model = {"uri": "org/model", "revision": revision, "architecture": "meta-llama/Llama-3.1-8B"}
-    admitted(tmp_path, capsys, model=model)
+    check_admitted(tmp_path, capsys, model=model)
 
 
 @pytest.mark.parametrize(
     "value", ["hf-mirror.com", "ftp://hub", "https://user:pw@hub.example.com", "https://hub:99999", "http://h/a b", ""]
 )
 def test_hf_endpoint_in_env_must_be_an_http_url(tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str) -> None:
-    refused(tmp_path, capsys, "spec.env[0].value", "HF_ENDPOINT must be an http:// or https:// URL",
+    check_refused(tmp_path, capsys, "spec.env[0].value", "HF_ENDPOINT must be an http:// or https:// URL",
             env=[{"name": "HF_ENDPOINT", "value": value}])  # fmt: skip
 
 
 def test_hf_endpoint_mirrors_with_a_path_are_admitted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     mirror = "https://artifactory.example.com:8443/api/huggingfaceml/hf-remote"
-    admitted(tmp_path, capsys, env=[{"name": "HF_ENDPOINT", "value": mirror}, {"name": "OTHER", "value": "a b"}])
+    check_admitted(tmp_path, capsys, env=[{"name": "HF_ENDPOINT", "value": mirror}, {"name": "OTHER", "value": "a b"}])
 
 
 @pytest.mark.parametrize(
