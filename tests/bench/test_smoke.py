@@ -19,7 +19,10 @@ from tests.factories import REPO_ROOT
 from tests.support.scripts import run_script
 
 BENCHMARKS = REPO_ROOT / "benchmarks"
-NOT_SCRIPTS = {"trainer_trl_baseline.py": "one rank of trainer_vs_trl.py's TRL side, started by its launcher"}
+NOT_SCRIPTS = {
+    "trainer_trl_baseline.py": "one rank of trainer_vs_trl.py's TRL side, started by its launcher",
+    "gpu_batches.py": "a module of gpu_acceptance.py: its real batches and FLOP counts, tested by tests/unit/test_gpu_batches.py",
+}
 RUN_BY_THE_TRAINER_TIER = {  # the same code at the same size: running it here too would double its CI time
     "gpu_acceptance.py": "tests/trainer/test_gpu_acceptance_dry_run.py runs its --dry-run (= --smoke), row by row",
     "comm_bytes.py": "tests/trainer/test_metrics_comm_bytes.py runs its measure() and table() at ZeRO-2 and ZeRO-3",
