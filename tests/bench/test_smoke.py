@@ -21,7 +21,7 @@ from tests.support.scripts import run_script
 BENCHMARKS = REPO_ROOT / "benchmarks"
 NOT_SCRIPTS = {
     "trainer_trl_baseline.py": "one rank of trainer_vs_trl.py's TRL side, started by its launcher",
-    "gpu_batches.py": "a module of gpu_acceptance.py: its real batches and FLOP counts, tested by tests/unit/test_gpu_batches.py",
+    "gpu_batches.py": "gpu_acceptance.py's real batches and FLOP counts (tests/unit/test_gpu_batches.py)",
 }
 RUN_BY_THE_TRAINER_TIER = {  # the same code at the same size: running it here too would double its CI time
     "gpu_acceptance.py": "tests/trainer/test_gpu_acceptance_dry_run.py runs its --dry-run (= --smoke), row by row",
@@ -126,6 +126,7 @@ SMOKES = [
         timeout=600,
         marks=TRAINER,
     ),
+    Smoke("cpu_precision.py", (r"^fp32 +2 +\d+\.\d$", r"^bf16 +2 +\d+\.\d$", r"^bf16 / fp32: \d+\.\d\dx$")),
     Smoke(
         "optimizer_step_memory.py",
         (

@@ -58,7 +58,7 @@ def demo_manifest(stage: int, name: str) -> dict[str, Any]:
         "/out",
         dataset={"format": "messages", "maxSeqLength": 64, "validationSplit": 0.01},
         method={"type": "lora", "lora": {"r": 16, "alpha": 32, "dropout": 0.0}},
-        training={"maxSteps": STEPS[stage], "microBatchSize": 4, "globalBatchSize": 8, "precision": "bf16",
+        training={"maxSteps": STEPS[stage], "microBatchSize": 4, "globalBatchSize": 8, "precision": "fp32",
                   "learningRate": 0.003, "warmupRatio": 0.05},
         deepspeed={"zeroStage": stage},
     )  # fmt: skip
