@@ -289,6 +289,15 @@ def last_step(train_log: Path) -> int:
     return max(steps)
 
 
+def pod_memory_request(doc: dict[str, Any]) -> int:
+    """Bytes of memory a 1-pod gang of `doc` requests: the host memory the real planner plans."""
+    from finetune_operator.api.job import FineTuneJob
+    from finetune_operator.plan import choose_plan
+
+    doc["spec"]["resources"]["numNodes"] = 1
+    return choose_plan(FineTuneJob.from_manifest(doc).spec).host_bytes_per_node
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(2400)  # three gangs start one after another; see TRAINING_WAIT_S
 def test_a_preempted_job_resumes_from_its_checkpoint_with_real_ranks(
@@ -298,9 +307,12 @@ def test_a_preempted_job_resumes_from_its_checkpoint_with_real_ranks(
     checkpoint, is preempted (its ranks stopped, not a failure: they save the step where SIGTERM
     arrived), waits while the high-priority one trains, and is admitted again: its trainer
     resumes from the step where it was stopped (0 steps lost) and ends at maxSteps."""
-    queue(kube, namespace, gpus=0, preemption=True, flavor="process", memory="3Gi")  # one 1-pod job (3Gi)
-    bind_claim(kube, namespace, CLAIM)
     max_steps, every = 10, 4
+    # room for one 1-pod job's memory request, not two (a fixed 3Gi stopped fitting one when the
+    # plan's host memory grew past it, and low then waited Queued for ever)
+    request = pod_memory_request(tiny_job(namespace, max_steps=max_steps, checkpoint_every=every))
+    queue(kube, namespace, gpus=0, preemption=True, flavor="process", memory=f"{request * 3 // 2 // 2**20}Mi")
+    bind_claim(kube, namespace, CLAIM)
 
     def create(name: str, steps: int, checkpoint_every: int) -> None:
         doc = tiny_job(namespace, max_steps=steps, checkpoint_every=checkpoint_every)
