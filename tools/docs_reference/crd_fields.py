@@ -137,14 +137,27 @@ def fields(model: type[BaseModel]) -> list[Field]:
     return walker.rows
 
 
+HEADER = ["| Field | Type | Default | Allowed | Description |", "|---|---|---|---|---|"]
+
+
+def _row(f: Field, prefix: str) -> str:
+    return f"| `{prefix}.{f.path}` | {cell(f.type)} | {cell(f.default)} | {cell(f.allowed)} | {cell(f.description)} |"
+
+
 def table(model: type[BaseModel], prefix: str) -> list[str]:
-    lines: list[str] = []
-    for f in fields(model):
-        if "." not in f.path and "[" not in f.path:
-            lines += ["", f"### `{prefix}.{f.path}`", "", cell(f.description), ""]
-            lines += ["| Field | Type | Default | Allowed | Description |", "|---|---|---|---|---|"]
-        full = f"{prefix}.{f.path}"
-        lines.append(f"| `{full}` | {cell(f.type)} | {cell(f.default)} | {cell(f.allowed)} | {cell(f.description)} |")
+    """Top-level fields without sub-fields in one table, then a section per field that has some."""
+    rows = fields(model)
+    top = [f.path for f in rows if "." not in f.path and "[" not in f.path]
+    nested = {p for p in top if any(f.path.startswith((p + ".", p + "[")) for f in rows)}
+    lines = ["", f"### Fields of `{prefix}` without sub-fields", "", *HEADER]
+    lines += [_row(f, prefix) for f in rows if f.path in top and f.path not in nested]
+    for f in rows:
+        owner = f.path.split(".")[0].split("[")[0]
+        if owner not in nested:
+            continue
+        if f.path == owner:
+            lines += ["", f"### `{prefix}.{f.path}`", "", cell(f.description), "", *HEADER]
+        lines.append(_row(f, prefix))
     return lines
 
 
