@@ -90,6 +90,13 @@ lane_of() {  # lane_of TIER: the lane it runs in
   ((LANE_COUNT == 1)) && lane=main
   echo "$lane"
 }
+build_docs() {  # the docs site into a temporary folder, removed afterwards: a broken link fails (never -q: it hides them)
+  local site rc=0
+  site=$(mktemp -d)
+  NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -d "$site" || rc=$?
+  rm -rf "$site"
+  return "$rc"
+}
 run_lane() {  # run_lane LANE: its steps, in the order of ALL_TIERS
   local lane=$1 tier
   if [[ $lane == main ]]; then
@@ -98,6 +105,8 @@ run_lane() {  # run_lane LANE: its steps, in the order of ALL_TIERS
     step main "mypy --strict" .venv/bin/mypy
     step main "import-linter" .venv/bin/lint-imports
     step main "CRD is generated from the models" .venv/bin/python -m finetune_operator.api.crdgen --check
+    step main "docs reference is generated" .venv/bin/python -m tools.docs_reference --check
+    step main "mkdocs build --strict" build_docs
   fi
   for tier in "${tiers[@]}"; do
     if [[ $(lane_of "$tier") == "$lane" ]]; then tier_step "$lane" "$tier"; fi

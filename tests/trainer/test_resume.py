@@ -254,7 +254,7 @@ def _checkpoint_steps(out: Path) -> list[int]:
 PREEMPT_ENV = {"FTJOB_STOP_GRACE_SECONDS": "240"}
 """The launcher's and the entrypoint's grace for the ranks' stop (the operator renders it from a save)."""
 TRIALS = int(os.environ.get("FTJOB_TEST_PREEMPTION_TRIALS", "1"))
-"""Preemptions at independent random steps; the README's reliability figure runs more of them."""
+"""Preemptions at independent random steps; the figure in docs/guides/preemption.md runs more of them."""
 
 
 @pytest.mark.timeout(600)

@@ -72,7 +72,7 @@ def test_every_causal_lm_type_is_counted_exactly_or_refused_by_name(model_type: 
 def test_at_least_forty_decoder_only_text_types_are_exact() -> None:
     types = decoder_only_text_types()
     exact = [t for t in types if _assert_exact_or_refused(t) == "exact"]
-    print(f"\n{len(exact)} of {len(types)} decoder-only text model_types exact")  # the README's coverage line
+    print(f"\n{len(exact)} of {len(types)} decoder-only text model_types exact")  # docs/guides/planner.md's line
     assert len(exact) >= EXACT_FLOOR
     assert set(NAMED_IN_THE_ISSUE) <= set(exact)
 

@@ -70,6 +70,13 @@ def cache_bytes(root: Path) -> int:
     return total
 
 
+def download_gauges(registry: CollectorRegistry) -> tuple[Gauge, Gauge]:
+    """The download's two gauges (bytes held, bytes to fetch); the docs' metrics page lists them too."""
+    done = Gauge(DOWNLOADED, "Bytes of the model the pod's cache holds while it downloads.", registry=registry)
+    total = Gauge(TOTAL, "Bytes of the model files to download.", registry=registry)
+    return done, total
+
+
 @contextmanager
 def download_progress(total: int, folder: Path, *, port: int | None, address: str) -> Iterator[None]:
     """Serve the download gauges on `address:port` while the block runs (nothing if port is None
@@ -80,8 +87,8 @@ def download_progress(total: int, folder: Path, *, port: int | None, address: st
     from prometheus_client import start_http_server
 
     registry = CollectorRegistry()
-    done = Gauge(DOWNLOADED, "Bytes of the model the pod's cache holds while it downloads.", registry=registry)
-    Gauge(TOTAL, "Bytes of the model files to download.", registry=registry).set(total)
+    done, planned = download_gauges(registry)
+    planned.set(total)
     stop = threading.Event()
 
     def watch() -> None:
