@@ -8,8 +8,8 @@
 #   bash scripts/test.sh                 everything (CI)
 #   bash scripts/test.sh unit trainer    only these tiers (static checks still run first)
 #
-# Tiers: unit, trainer, cluster, robustness, prometheus, images, bench (see the README's
-# Contributing section). FTJOB_TEST_ARGS passes extra pytest arguments split on spaces
+# Tiers: unit, trainer, cluster, robustness, prometheus, images, bench (see CONTRIBUTING.md's
+# test tiers). FTJOB_TEST_ARGS passes extra pytest arguments split on spaces
 # (e.g. "-x --maxfail=1"); for marker expressions call .venv/bin/pytest directly.
 set -uo pipefail
 cd "$(dirname "$0")/.."
