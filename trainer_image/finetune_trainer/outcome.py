@@ -2,7 +2,8 @@
 
 The container's termination message (`/dev/termination-log`, or FTJOB_TERMINATION_LOG)
 is the only channel from a finished pod to the operator. On failure it holds exactly
-one line `<Reason>: <message>`, where Reason is one of REASONS. `OutOfMemory` is
+one line `<Reason>: <message>`, where Reason is one of REASONS: a failure the trainer knows
+names its own (`errors.TrainerError`), `classify` has the rules for the rest. `OutOfMemory` is
 recognised from CUDA and host allocator errors and MemoryError, so the operator can
 re-plan instead of retrying the same strategy. A rank that vanishes without a word
 (SIGKILL, exit 137) is `RankKilled`: the kernel's memory killer is one cause, but so are
@@ -11,8 +12,8 @@ container as OOMKilled, and that is what the operator re-plans on. A rank that e
 without a word (exit 134: NCCL's watchdog after a collective timeout, or a C++ abort) is
 `RankAborted`, never taken for the memory killer. `DataError` (the data is
 wrong) and `ConfigError` (a setting cannot work) fail the same way on every restart, so the
-operator does not retry them; `DataUnavailable` and `ModelNotFound` (not found or not fetched)
-may pass on a later try and are retried.
+operator does not retry them (`TerminationReason.retried`); `DataUnavailable` and
+`ModelNotFound` (not found or not fetched) may pass on a later try and are retried.
 """
 
 from __future__ import annotations
