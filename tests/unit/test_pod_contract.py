@@ -9,7 +9,7 @@ from types import ModuleType
 import pytest
 
 from finetune_operator.api.pod_contract import (
-    NOT_RETRIED,
+    RETRIED,
     CheckpointState,
     TerminationReason,
     TrainingSummary,
@@ -73,11 +73,22 @@ def test_keys_a_newer_trainer_adds_are_ignored() -> None:
     assert summary is not None and summary.steps == 3 and summary.final_loss == 1.5
 
 
+INPUT_ERRORS = {TerminationReason.CONFIG_ERROR, TerminationReason.DATA_ERROR, TerminationReason.STORAGE_ACCESS_DENIED}
+"""The reasons the operator never retried (`pod_contract.NOT_RETRIED` before the decision became a
+property of the reason): the job's own input is wrong."""
+
+
 @pytest.mark.parametrize("reason", list(TerminationReason))
 def test_every_reason_is_read_back_and_only_input_errors_are_not_retried(reason: TerminationReason) -> None:
     line = f"{reason}: something happened (rank 1)"
     assert reason_of_line(line) == reason
-    assert termination.not_retried(term(line)) == (reason if reason in NOT_RETRIED else None)
+    assert reason.retried == (reason not in INPUT_ERRORS)
+    assert termination.not_retried(term(line)) == (reason if reason in INPUT_ERRORS else None)
+
+
+def test_the_retry_table_decides_every_reason_and_nothing_else() -> None:
+    assert list(RETRIED) == list(TerminationReason)
+    assert all(isinstance(retried, bool) for retried in RETRIED.values())
 
 
 def test_a_reason_in_the_middle_of_a_line_is_not_the_root_cause() -> None:

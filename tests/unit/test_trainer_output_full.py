@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune_operator.api.pod_contract import NOT_RETRIED, TerminationReason
+from finetune_operator.api.pod_contract import TerminationReason
 from finetune_trainer import checkpoint
 from finetune_trainer.outcome import classify, failure_line
 
@@ -30,7 +30,7 @@ def test_enospc_anywhere_in_the_cause_chain_is_output_full(tmp_path: Path, monke
     line = failure_line(full, 0)
     assert line.startswith("OutputFull: ") and line.endswith("(rank 0)")
     assert classify(full) == TerminationReason.OUTPUT_FULL
-    assert TerminationReason.OUTPUT_FULL not in NOT_RETRIED, "space can be freed while the job waits"
+    assert TerminationReason.OUTPUT_FULL.retried, "space can be freed while the job waits"
 
 
 def test_another_save_error_with_space_left_keeps_its_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,19 +32,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState
+from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState, TerminationReason
 from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.strategy import Strategy
 
 from . import universal
+from .errors import TrainerError
 
 STATE_FILE = "trainer_state.json"
 TMP_PREFIX = ".tmp-"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-class OutputFull(RuntimeError):
+class OutputFull(TrainerError, RuntimeError):
     """The output volume is full (ENOSPC) or over quota (EDQUOT) while saving a checkpoint."""
+
+    reason = TerminationReason.OUTPUT_FULL
 
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)

@@ -28,7 +28,10 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from finetune_operator.api.pod_contract import TerminationReason
 from finetune_operator.api.pod_env import PodEnv
+
+from .errors import TrainerError
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +43,10 @@ RETRY_SECONDS = 1.0
 T = TypeVar("T")
 
 
-class DownloadTimeout(RuntimeError):
+class DownloadTimeout(TrainerError, RuntimeError):
     """The download, or the wait for the other pods' downloads, outlived its limit."""
+
+    reason = TerminationReason.DOWNLOAD_TIMEOUT
 
 
 def download_timeout() -> float:

@@ -28,12 +28,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from finetune_operator.api.pod_contract import TerminationReason, TrainingSummary
+from finetune_operator.api.pod_contract import TrainingSummary
 from finetune_operator.api.pod_env import CUDA_ALLOCATOR_DEFAULT, PodEnv
 
 from . import node_launcher, outcome, preemption, process_tree, s3_checkpoints, s3_inputs, shm_segments
 from .download_gate import DownloadTimeout, download_timeout, gang_ready, within_limit
-from .objstore import StoreError
+from .errors import TrainerError
+from .modeling import ModelNotFound
 from .paths import completion_marker, resolve_uri
 from .prefetch import prefetch
 from .settings import ConfigError, JobConfig, env_int, load_config
@@ -149,49 +150,23 @@ def node_rank_from_env() -> int:
 def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool = True) -> Result:
     """Run (or skip) this node's part of the job and write the termination message."""
     try:
-        cfg = load_config(config_dir)
-        marker = completion_marker(cfg.output)
-    except (ConfigError, ValueError) as exc:
-        message = outcome.one_line(f"{outcome.CONFIG_ERROR}: {exc}")
-        outcome.write_termination(message)
-        return Result(1, None, message)
-    if not marker.exists():
-        try:
-            _fetch_remote_marker(cfg, marker)
-        except StoreError as exc:
-            message = outcome.one_line(f"{outcome.classify(exc)}: {exc}")
-            outcome.write_termination(message)
-            return Result(1, None, message)
-    if marker.exists():
-        done = outcome.read_summary(marker)
-        outcome.write_summary(done)
-        code = idle_forever(marker) if idle_when_done else 0
-        return Result(code, _wire(done), "already completed")
-    node_rank = node_rank_from_env()
-    master_addr = os.environ.get(PodEnv.MASTER_ADDR) or cfg.hosts[0][0]
-    master_port = env_int(PodEnv.MASTER_PORT, DEFAULT_MASTER_PORT)
-    if not 0 <= node_rank < len(cfg.hosts):
-        message = f"{outcome.CONFIG_ERROR}: NODE_RANK={node_rank} but the hostfile lists {len(cfg.hosts)} nodes"
-        outcome.write_termination(message)
-        return Result(1, None, message)
-    try:
-        limit = download_timeout()
-        deadline = time.monotonic() + limit + GANG_SLACK_SECONDS
-        prefetched = within_limit(lambda: prefetch(cfg, node_rank), limit, f"downloading {cfg.job.spec.model.uri}")
-        if os.environ.get(PodEnv.FTJOB_PREFETCH_MODEL) == "1":  # every pod has the model before any rank starts
-            gang_ready(node_rank, len(cfg.hosts), master_addr, master_port, deadline)
-    except DownloadTimeout as exc:
-        message = outcome.one_line(f"{TerminationReason.DOWNLOAD_TIMEOUT}: {exc}")
-        outcome.write_termination(message)
-        return Result(1, None, message)
-    except Exception as exc:  # a gated repo without HF_TOKEN, a wrong id, no network
-        message = outcome.one_line(f"{outcome.MODEL_NOT_FOUND}: downloading {cfg.job.spec.model.uri}: {exc}")
-        outcome.write_termination(message)
-        return Result(1, None, message)
-    try:
-        s3_inputs.fetch(cfg.job.spec, node_rank)
-    except StoreError as exc:  # unreachable past the deadline, refused credentials, not found
-        message = outcome.one_line(f"{outcome.classify(exc)}: {exc}")
+        cfg, marker = _load(config_dir)
+        if not marker.exists():
+            _fetch_remote_marker(cfg, marker)  # unreachable past the deadline, refused credentials
+        if marker.exists():
+            done = outcome.read_summary(marker)
+            outcome.write_summary(done)
+            code = idle_forever(marker) if idle_when_done else 0
+            return Result(code, _wire(done), "already completed")
+        node_rank = node_rank_from_env()
+        master_addr = os.environ.get(PodEnv.MASTER_ADDR) or cfg.hosts[0][0]
+        master_port = env_int(PodEnv.MASTER_PORT, DEFAULT_MASTER_PORT)
+        if not 0 <= node_rank < len(cfg.hosts):
+            raise ConfigError(f"NODE_RANK={node_rank} but the hostfile lists {len(cfg.hosts)} nodes")
+        prefetched = _download(cfg, node_rank, master_addr, master_port)
+        s3_inputs.fetch(cfg.job.spec, node_rank)  # unreachable past the deadline, refused credentials, not found
+    except TrainerError as exc:  # this process's one report of a failure before the ranks (they report their own)
+        message = outcome.one_line(f"{exc.reason}: {exc}")
         outcome.write_termination(message)
         return Result(1, None, message)
     tracking = start_session(cfg) if node_rank == 0 else None
@@ -240,6 +215,31 @@ def _tracked(tracking: TrackingSession, result: Result, marker: Path, stopped: b
         tmp.write_text(json.dumps(_wire(summary), indent=2, sort_keys=True) + "\n")
         tmp.replace(marker)
     return Result(0, _wire(summary), result.message)
+
+
+def _load(config_dir: str | Path) -> tuple[JobConfig, Path]:
+    """The pod's config and the job's completion marker; ConfigError when either cannot be read."""
+    try:
+        cfg = load_config(config_dir)
+        return cfg, completion_marker(cfg.output)
+    except ValueError as exc:  # a hostfile's slots, an output on s3:// without its staging folder
+        raise ConfigError(str(exc)) from exc
+
+
+def _download(cfg: JobConfig, node_rank: int, master_addr: str, master_port: int) -> str | None:
+    """The hub model in this pod's cache and, with FTJOB_PREFETCH_MODEL, in every pod's before any
+    rank starts. Past its limit this is DownloadTimeout; any other failure is ModelNotFound."""
+    try:
+        limit = download_timeout()
+        deadline = time.monotonic() + limit + GANG_SLACK_SECONDS
+        prefetched = within_limit(lambda: prefetch(cfg, node_rank), limit, f"downloading {cfg.job.spec.model.uri}")
+        if os.environ.get(PodEnv.FTJOB_PREFETCH_MODEL) == "1":  # every pod has the model before any rank starts
+            gang_ready(node_rank, len(cfg.hosts), master_addr, master_port, deadline)
+    except DownloadTimeout:
+        raise
+    except Exception as exc:  # a gated repo without HF_TOKEN, a wrong id, no network
+        raise ModelNotFound(f"downloading {cfg.job.spec.model.uri}: {exc}") from exc
+    return prefetched
 
 
 def _fetch_remote_marker(cfg: JobConfig, marker: Path) -> None:

@@ -24,11 +24,13 @@ from typing import Any
 
 from finetune_operator.api.lora_rules import UnsupportedSetting, resolve_lora_dropout
 from finetune_operator.api.model_uri import hub_model
+from finetune_operator.api.pod_contract import TerminationReason
 from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.spec import FineTuneJobSpec, MethodType
 from finetune_operator.api.status import PlanStatus
 
 from . import builtin
+from .errors import TrainerError
 from .paths import resolve_uri
 from .settings import ConfigError
 
@@ -46,8 +48,10 @@ the local cache and Hugging Face Hub is in offline mode", the first GPU acceptan
 elsewhere ran remote code the job never asked for. Training uses transformers' own layers."""
 
 
-class ModelNotFound(RuntimeError):
+class ModelNotFound(TrainerError, RuntimeError):
     """The model URI points nowhere usable; the message says where it looked."""
+
+    reason = TerminationReason.MODEL_NOT_FOUND
 
 
 @dataclass(frozen=True)

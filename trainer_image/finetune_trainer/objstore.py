@@ -29,7 +29,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from finetune_operator.api.object_storage import DEFAULT_RETRY_TIMEOUT_SECONDS, ObjectStorageSpec, split_s3
+from finetune_operator.api.pod_contract import TerminationReason
 from finetune_operator.api.pod_env import PodEnv
+
+from .errors import TrainerError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,8 +56,12 @@ NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
 
 
-class StoreError(RuntimeError):
-    """A store operation failed; the message names the endpoint and the object, never a key."""
+class StoreError(TrainerError, RuntimeError):
+    """A store operation failed; the message names the endpoint and the object, never a key.
+    Unreachable past the retry deadline, not found, or refused: the data is not available."""
+
+    reason = TerminationReason.DATA_UNAVAILABLE
+    quoted_text_decides = False
 
 
 class StoreUnavailable(StoreError):
@@ -63,6 +70,8 @@ class StoreUnavailable(StoreError):
 
 class StoreAccessDenied(StoreError):
     """The store refused the credentials (or has none to use): retrying cannot help."""
+
+    reason = TerminationReason.STORAGE_ACCESS_DENIED
 
 
 class StoreNotFound(StoreError):

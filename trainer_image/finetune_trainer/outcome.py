@@ -2,7 +2,8 @@
 
 The container's termination message (`/dev/termination-log`, or FTJOB_TERMINATION_LOG)
 is the only channel from a finished pod to the operator. On failure it holds exactly
-one line `<Reason>: <message>`, where Reason is one of REASONS. `OutOfMemory` is
+one line `<Reason>: <message>`, where Reason is one of REASONS: a failure the trainer knows
+names its own (`errors.TrainerError`), `classify` has the rules for the rest. `OutOfMemory` is
 recognised from CUDA and host allocator errors and MemoryError, so the operator can
 re-plan instead of retrying the same strategy. A rank that vanishes without a word
 (SIGKILL, exit 137) is `RankKilled`: the kernel's memory killer is one cause, but so are
@@ -11,8 +12,8 @@ container as OOMKilled, and that is what the operator re-plans on. A rank that e
 without a word (exit 134: NCCL's watchdog after a collective timeout, or a C++ abort) is
 `RankAborted`, never taken for the memory killer. `DataError` (the data is
 wrong) and `ConfigError` (a setting cannot work) fail the same way on every restart, so the
-operator does not retry them; `DataUnavailable` and `ModelNotFound` (not found or not fetched)
-may pass on a later try and are retried.
+operator does not retry them (`TerminationReason.retried`); `DataUnavailable` and
+`ModelNotFound` (not found or not fetched) may pass on a later try and are retried.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from finetune_operator.api.pod_contract import (
 )
 from finetune_operator.api.pod_env import PodEnv
 
+from .errors import TrainerError
+
 OUT_OF_MEMORY = TerminationReason.OUT_OF_MEMORY
 DATA_ERROR = TerminationReason.DATA_ERROR
 DATA_UNAVAILABLE = TerminationReason.DATA_UNAVAILABLE
@@ -55,8 +58,10 @@ SUMMARY_FILE = "summary.json"
 """In the run-state folder: the summary local rank 0 leaves for the entrypoint."""
 
 
-class StoppedBySignal(BaseException):
+class StoppedBySignal(TrainerError):
     """Raised in a rank by SIGTERM (the launcher stopping it after another rank failed)."""
+
+    reason = TERMINATED
 
 
 def termination_log_path() -> Path:
@@ -73,34 +78,27 @@ def is_oom_text(text: str) -> bool:
 
 
 def classify(exc: BaseException) -> TerminationReason:
-    """The Reason for an exception raised on a rank."""
-    from .checkpoint import OutputFull
-    from .data.loading import DataError, DataUnavailable
-    from .modeling import ModelNotFound
-    from .objstore import StoreAccessDenied, StoreError
-    from .settings import ConfigError
+    """The Reason for an exception raised on a rank: a `TrainerError`'s own (unless the message
+    quotes an allocator or RDMA failure, `TrainerError.quoted_text_decides`), else the rules for
+    foreign exceptions."""
+    if isinstance(exc, TrainerError) and not exc.quoted_text_decides:
+        return exc.reason
+    quoted = _foreign_reason(exc)
+    if quoted is not None:
+        return quoted
+    return exc.reason if isinstance(exc, TrainerError) else TRAINING_ERROR
 
-    if isinstance(exc, StoreAccessDenied):
-        return TerminationReason.STORAGE_ACCESS_DENIED
-    if isinstance(exc, StoreError):  # unreachable past the retry deadline, or not found
-        return DATA_UNAVAILABLE
-    if is_rdma_registration_text(str(exc)):
+
+def _foreign_reason(exc: BaseException) -> TerminationReason | None:
+    """What an exception that is not ours, or the text it quotes, says beyond a training error: an
+    RDMA memory registration failure (whose text reads like an allocator's), or out of memory
+    (MemoryError, torch's OutOfMemoryError, CUDA's or the host allocator's text)."""
+    text = str(exc)
+    if is_rdma_registration_text(text):
         return TerminationReason.NETWORK_ERROR
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or is_oom_text(str(exc)):
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or is_oom_text(text):
         return OUT_OF_MEMORY
-    if isinstance(exc, DataUnavailable):
-        return DATA_UNAVAILABLE
-    if isinstance(exc, DataError):
-        return DATA_ERROR
-    if isinstance(exc, ModelNotFound):
-        return MODEL_NOT_FOUND
-    if isinstance(exc, ConfigError):
-        return CONFIG_ERROR
-    if isinstance(exc, OutputFull):
-        return TerminationReason.OUTPUT_FULL
-    if isinstance(exc, StoppedBySignal):
-        return TERMINATED
-    return TRAINING_ERROR
+    return None
 
 
 def failure_line(exc: BaseException, rank: int) -> str:

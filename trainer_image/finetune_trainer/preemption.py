@@ -32,6 +32,7 @@ from types import FrameType
 from finetune_operator.api.pod_contract import TerminationReason
 from finetune_operator.api.pod_env import PodEnv
 
+from .errors import TrainerError
 from .outcome import STOPPING_FILE, StoppedBySignal
 
 PREEMPTED_FILE = "preempted.json"
@@ -40,13 +41,16 @@ PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
 """The entrypoint's exit code after a preemption: stopped by SIGTERM, as a shell reports it."""
 
 
-class Preempted(BaseException):
-    """Raised on every rank once the checkpoint of an agreed stop is saved: the run ends here."""
+class Preempted(TrainerError):
+    """Raised on every rank once the checkpoint of an agreed stop is saved: the run ends here (not a
+    failure: `worker.run_rank` catches it before its failure path)."""
+
+    reason = TerminationReason.PREEMPTED
 
     def __init__(self, step: int, total: int, checkpoint: str) -> None:
         self.step, self.total, self.checkpoint = step, total, checkpoint
         super().__init__(
-            f"{TerminationReason.PREEMPTED}: asked to stop (SIGTERM); stopped at the boundary of step {step} "
+            f"{self.reason}: asked to stop (SIGTERM); stopped at the boundary of step {step} "
             f"of {total} after saving checkpoint {checkpoint}: no step is lost"
         )
 

@@ -15,14 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.job import FineTuneJob
-from finetune_operator.api.pod_contract import DEEPSPEED_FILE, HOSTFILE, JOB_FILE, PLAN_FILE
+from finetune_operator.api.pod_contract import DEEPSPEED_FILE, HOSTFILE, JOB_FILE, PLAN_FILE, TerminationReason
 from finetune_operator.api.status import PlanStatus
 
+from .errors import TrainerError
 from .paths import output_dir
 
 
-class ConfigError(RuntimeError):
+class ConfigError(TrainerError, RuntimeError):
     """The config directory is missing a file or holds something unreadable."""
+
+    reason = TerminationReason.CONFIG_ERROR
 
 
 @dataclass(frozen=True)

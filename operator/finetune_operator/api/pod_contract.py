@@ -6,8 +6,8 @@ import the names and models from here, so a renamed file, reason or field fails
 `mypy --strict` or a unit test instead of a cluster run:
 
 - the config files a pod receives (`CONFIG_DIR`, `JOB_FILE`, ...);
-- the one-line root cause of a failed run (`TerminationReason`), which of them the
-  operator does not retry, and the one out-of-memory pattern both sides recognise;
+- the one-line root cause of a failed run (`TerminationReason`), whether the operator
+  retries it (`TerminationReason.retried`), and the one out-of-memory pattern both sides recognise;
 - the JSON summary of a successful run (`TrainingSummary`), which becomes `status.result`;
 - the checkpoint state the trainer resumes from (`CheckpointState`).
 """
@@ -15,6 +15,7 @@ import the names and models from here, so a renamed file, reason or field fails
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -67,13 +68,32 @@ class TerminationReason(StrEnum):
     stopped at a step boundary after saving a checkpoint. Not a failure: the gang restarts from that
     checkpoint without spending the restart budget."""
 
+    @property
+    def retried(self) -> bool:
+        """Whether the operator restarts the gang after this root cause (`RETRIED`)."""
+        return RETRIED[self]
 
-NOT_RETRIED = frozenset(
-    {TerminationReason.CONFIG_ERROR, TerminationReason.DATA_ERROR, TerminationReason.STORAGE_ACCESS_DENIED}
-)
-"""Root causes a gang restart cannot change: the job's own input is wrong (an unreadable or
-impossible setting, a malformed record under `dataset.onMalformedLine: Fail`, credentials the
-object store refuses)."""
+
+RETRIED: Mapping[TerminationReason, bool] = {
+    TerminationReason.OUT_OF_MEMORY: True,  # re-planned first (unless failurePolicy.onOutOfMemory is Fail)
+    TerminationReason.DATA_ERROR: False,
+    TerminationReason.DATA_UNAVAILABLE: True,
+    TerminationReason.MODEL_NOT_FOUND: True,
+    TerminationReason.CONFIG_ERROR: False,
+    TerminationReason.TRAINING_ERROR: True,
+    TerminationReason.TERMINATED: True,
+    TerminationReason.RANK_KILLED: True,
+    TerminationReason.RANK_ABORTED: True,
+    TerminationReason.OUTPUT_FULL: True,
+    TerminationReason.STORAGE_ACCESS_DENIED: False,
+    TerminationReason.DOWNLOAD_TIMEOUT: True,
+    TerminationReason.NETWORK_ERROR: True,
+    TerminationReason.PREEMPTED: True,  # not even a failure: the restart spends no budget
+}
+"""Per reason, whether a gang restart can change it: the one table both sides read (the operator's
+failure policy, the trainer's errors through their reason). Not retried are the job's own input
+being wrong: an unreadable or impossible setting, a malformed record under
+`dataset.onMalformedLine: Fail`, credentials the object store refuses."""
 
 OUT_OF_MEMORY_PATTERN = re.compile(
     r"out of memory|OutOfMemory|can(no|')t allocate memory|std::bad_alloc|CUBLAS_STATUS_ALLOC_FAILED|OOMKilled|\bOOM\b",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from ..api.pod_contract import NOT_RETRIED, TerminationReason, TrainingSummary, is_out_of_memory_text, reason_of_line
+from ..api.pod_contract import TerminationReason, TrainingSummary, is_out_of_memory_text, reason_of_line
 from .observed import Termination
 
 
@@ -33,7 +33,7 @@ def is_preempted(term: Termination) -> bool:
 def not_retried(term: Termination) -> TerminationReason | None:
     """The trainer's reason when the failure would repeat on every gang restart, else None."""
     reason = reason_of_line(_first_line(term))
-    return reason if reason in NOT_RETRIED else None
+    return reason if reason is not None and not reason.retried else None
 
 
 def root_cause(term: Termination, pod: str) -> str:

@@ -13,19 +13,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from finetune_operator.api.pod_contract import TerminationReason
+
 from .. import builtin
+from ..errors import TrainerError
 from ..paths import resolve_uri
 from .formats import MalformedRecord, Sample, Tokenizer, tokenize_record
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
-class DataError(RuntimeError):
+class DataError(TrainerError, RuntimeError):
     """The dataset cannot be used; the message names the file and line."""
+
+    reason = TerminationReason.DATA_ERROR
 
 
 class DataUnavailable(DataError):
     """The dataset could not be found or fetched (yet): a restart may find it."""
+
+    reason = TerminationReason.DATA_UNAVAILABLE
 
 
 @dataclass(frozen=True)
