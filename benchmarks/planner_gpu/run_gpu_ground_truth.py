@@ -1,7 +1,7 @@
 """Benchmark (e): predicted per-GPU bytes vs `torch.cuda.max_memory_allocated()` on a real GPU.
 
 One process, one GPU, real DeepSpeed (NCCL, world size 1), random-init Llama-shaped
-models generated here, trained with the trainer's own loss (`finetune_trainer/chunked_loss.py`). For each
+models generated here, trained with the trainer's own loss (`finetune_kernels/chunked_loss.py`). For each
 configuration it runs three optimizer steps, takes the
 allocator's peak and prints it beside the planner's per-GPU bytes without the runtime
 overhead term (the CUDA context and library workspaces are not allocator memory).
@@ -125,13 +125,13 @@ def run_case(case: dict[str, Any], workdir: Path, on_gpu: bool = True) -> tuple[
     """(predicted, measured) bytes; measured is None on the CPU, which has no allocator peak."""
     import deepspeed
     import torch
+    from finetune_kernels.chunked_loss import causal_lm_loss, output_head
     from transformers import AutoModelForCausalLM
 
     from finetune_operator.api.spec import MethodType
     from finetune_operator.plan import plan_job
     from finetune_operator.plan.meta_count import build_config
     from finetune_operator.render.deepspeed_config import deepspeed_config
-    from finetune_trainer.chunked_loss import causal_lm_loss, output_head
     from finetune_trainer.modeling import compute_settings, effective_deepspeed_config
 
     config_dir = workdir / case["shape"]

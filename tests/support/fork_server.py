@@ -5,8 +5,10 @@ torch, DeepSpeed, peft and the training loop (~7 CPU-s) before it forks its rank
 tier starts about a hundred of them. This server (one per test process, started on first use)
 imports that preload once, with the environment every run shares, and forks each run from
 itself: the child takes a session of its own, its log file as stdout and stderr, the run's
-environment and working directory, and runs `python -m finetune_operator.cli.main ARGS` as
-`__main__`. Its `launch.train` then finds the preload imported and forks the node launcher
+environment and working directory, and runs `python -m finetune_trainer --config DIR` as
+`__main__` (what `ftjob train` execs: the operator's CLI never imports the trainer, so a
+forked `ftjob train` would start a fresh interpreter and lose the preload). Its `launch.train`
+then finds the preload imported and forks the node launcher
 instead of starting an interpreter (`node_launcher.holds_preload`); the ranks are forked from
 the launcher as on any CPU node. Everything after the imports is the production code path.
 
@@ -16,7 +18,7 @@ variables (RUN_VARIABLES) is started as a fresh interpreter instead (`training_r
 decides), as is every run with FTJOB_TEST_FORK_SERVER=0.
 
 Protocol (this module's `main`, over its stdin and stdout, one JSON object per line): a request
-{"argv", "env", "cwd", "log"} is answered by {"id", "pid"}; when the child exits, the server
+{"module", "argv", "env", "cwd", "log"} is answered by {"id", "pid"}; when the child exits, the server
 writes its exit code (a signal N as -N, as Popen reports it) to STATUS_DIR/<id>.
 """
 
@@ -42,6 +44,8 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[2]
 CLI_MODULE = "finetune_operator.cli.main"
+TRAINER_MODULE = "finetune_trainer"
+"""What `ftjob train --config DIR` execs, as `python -m finetune_trainer --config DIR`."""
 RUN_VARIABLES = ("FTJOB_", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "AWS_", "MLFLOW_", "PYTEST_CURRENT_TEST")
 """Prefixes of the variables a run may set differently from the server's environment: each is
 read when the run uses it, never by an import (the preload does not import mlflow or boto3;
@@ -123,9 +127,10 @@ class ForkServer:
             raise RuntimeError(f"the fork server answered nothing within {timeout:.0f} s (exit {self.proc.poll()})")
         return dict(json.loads(line))
 
-    def start(self, args: list[str], env: Mapping[str, str], cwd: Path, log: Path) -> ForkedRun:
+    def start(self, module: str, args: list[str], env: Mapping[str, str], cwd: Path, log: Path) -> ForkedRun:
+        """Fork `python -m MODULE ARGS`."""
         assert self.proc.stdin is not None
-        request = {"argv": args, "env": dict(env), "cwd": str(cwd), "log": str(log)}
+        request = {"module": module, "argv": args, "env": dict(env), "cwd": str(cwd), "log": str(log)}
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         reply = self._read(60.0)
@@ -208,7 +213,7 @@ def main(status_dir: str) -> int:
         request = json.loads(line)
         next_id += 1
         setup = functools.partial(_child_setup, request["log"], request["cwd"])
-        child = node_launcher.fork_rank(CLI_MODULE, request["argv"], request["env"], setup=setup)
+        child = node_launcher.fork_rank(request["module"], request["argv"], request["env"], setup=setup)
         running[child.pid] = next_id
         print(json.dumps({"id": next_id, "pid": child.pid}), file=out, flush=True)
 

@@ -137,8 +137,8 @@ def start_train(
     fresh: bool = False,
 ) -> Run:
     """Start `ftjob train --config DIR` in its own process group: forked from this test process's
-    fork server (tests/support/fork_server.py) when the run's environment allows, else (or with
-    `fresh`) as a fresh interpreter."""
+    fork server (tests/support/fork_server.py) as the `python -m finetune_trainer --config DIR` it
+    execs, when the run's environment allows, else (or with `fresh`) as a fresh interpreter."""
     termination = output.parent / f"{output.name}-{tag}-termination-log"
     log_file = output.parent / f"{output.name}-{tag}.log"
     port = port or free_port()
@@ -167,7 +167,9 @@ def start_train(
     forkable = not fresh and not fork_server.differs(base, full_env)
     server = fork_server.server_for(base, FORK_STATUS_DIR / str(os.getpid())) if forkable else None
     if server is not None and not fork_server.differs(server.env, full_env):
-        return Run(server.start(args, full_env, REPO, log_file), output, termination, log_file, port)
+        # `ftjob train` execs `python -m finetune_trainer --config DIR`: forked here as that module
+        forked = server.start(fork_server.TRAINER_MODULE, args[1:], full_env, REPO, log_file)
+        return Run(forked, output, termination, log_file, port)
     with log_file.open("w") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", fork_server.CLI_MODULE, *args],

@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 import torch
-
-from finetune_operator.api.loss_chunks import IGNORE_INDEX, chunked_loss_bytes, loss_chunk_tokens
-from finetune_trainer.chunked_loss import (
+from finetune_kernels.chunked_loss import (
     causal_lm_loss,
     chunked_cross_entropy_sum,
     output_head,
     trained_positions,
 )
+
+from finetune_operator.api.loss_chunks import IGNORE_INDEX, chunked_loss_bytes, loss_chunk_tokens
 
 
 def _reference(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from finetune_trainer.chunked_loss import LossKernel, causal_lm_loss, chunked_cross_entropy_sum, output_head
+from finetune_kernels.chunked_loss import LossKernel, causal_lm_loss, chunked_cross_entropy_sum, output_head
 
 log = logging.getLogger(__name__)
 

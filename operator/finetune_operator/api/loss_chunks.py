@@ -1,6 +1,6 @@
 """How the loss is computed, in numbers both the trainer and the memory model use.
 
-The trainer never materialises the full-vocabulary logits (see `finetune_trainer.chunked_loss`): only
+The trainer never materialises the full-vocabulary logits (see `finetune_kernels.chunked_loss`): only
 positions whose shifted label is trained go through the LM head, in chunks of at most
 `loss_chunk_tokens(V)` tokens, each chunk upcast to fp32 on its own and recomputed in
 backward. So the logits term of a plan is one chunk's worth of vocabulary entries plus

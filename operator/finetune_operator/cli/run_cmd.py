@@ -1,9 +1,11 @@
 """`ftjob run FILE`: train a FineTuneJob on this machine, through the pod entrypoint's code path.
 
 It plans the job, renders the same config files the operator mounts in pods, with a
-hostfile that puts every rank (numNodes x ranks per node) on localhost, then calls the
-entrypoint: the ranks are started by the node launcher exactly as in a pod. s3://
-URIs work as in a pod, with the connection from spec.objectStorage (or FTJOB_S3_* variables)
+hostfile that puts every rank (numNodes x ranks per node) on localhost, then runs the
+entrypoint as a child process (`python -m finetune_trainer`, see `trainer_process`: the
+operator never imports the trainer): the ranks are started by the node launcher exactly as in
+a pod. SIGTERM and SIGINT reach it through this process; its exit status is this command's.
+s3:// URIs work as in a pod, with the connection from spec.objectStorage (or FTJOB_S3_* variables)
 and the credentials from this shell's environment (AWS_ACCESS_KEY_ID, ...).
 """
 
@@ -22,6 +24,7 @@ from ..plan import choose_plan
 from ..render.config_files import HOSTFILE, config_files
 from ..render.tracking import with_default_tracking
 from .manifests import load_one
+from .trainer_process import MISSING_TRAINER_EXIT_CODE, missing_trainer, run_trainer
 
 S3_MIRROR_DEFAULT = Path.home() / ".cache" / "finetune-operator" / "s3"
 """Where `ftjob run` keeps its copies of s3:// models and data (reused by the next run)."""
@@ -71,15 +74,18 @@ def run(args: argparse.Namespace) -> int:
         f"{plan.gradient_accumulation_steps}",
         file=sys.stderr,
     )
-    from finetune_trainer.launch import train
-
+    missing = missing_trainer("run")
+    if missing:
+        print(missing, file=sys.stderr)
+        return MISSING_TRAINER_EXIT_CODE
     with tempfile.TemporaryDirectory(prefix="ftjob-config-") as tmp:
-        config_dir = Path(args.keep_config) if args.keep_config else Path(tmp)
+        config_dir = Path(args.keep_config) if args.keep_config else Path(tmp) / "config"
         config_dir.mkdir(parents=True, exist_ok=True)
         for name, content in files.items():
             (config_dir / name).write_text(content)
         assert (config_dir / HOSTFILE).exists()
-        result = train(config_dir, progress=not args.no_progress, idle_when_done=False)
+        trainer_args = ["--config", str(config_dir)] + ([] if args.no_progress else ["--progress"])
+        result = run_trainer(trainer_args, Path(tmp) / "result.json")
     if staging is not None:
         staging.cleanup()
     if result.summary is None:

@@ -6,8 +6,15 @@ every parameter becomes a `FakeTensor` (shape and dtype, no data), and one forwa
 backward pass runs under a `TorchDispatchMode` that adds up the bytes of live storages
 (views share a storage, so storages are counted, not tensors) and keeps the peak. It
 costs seconds on a CPU and no memory, and is used with `ftjob plan --traced` and to
-calibrate `activations.py`. The loss is the trainer's own (`finetune_trainer.chunked_loss`). Imported
-lazily: it needs torch, transformers and peft.
+calibrate `activations.py`. Imported lazily: it needs torch, transformers and peft.
+
+The loss is the one every rank runs, `finetune_kernels.chunked_loss`, imported from the
+package the trainer imports it from: the operator never imports the trainer, and the kernel
+lives in neither. Running the measurement in a trainer subprocess that prints JSON was the
+other way; it was not taken because the trace is built from the planner's own pieces
+(`meta_count`, `workload`), which the trainer may not import, and because every traced plan
+would pay a second interpreter's torch, transformers and peft imports (seconds) on top of
+its own.
 
 The CPU trace runs PyTorch's CPU flash-attention kernel, which, like the GPU flash
 kernel, saves only q, k, v, the output and a log-sum-exp per row, so the number
@@ -24,10 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from finetune_kernels.chunked_loss import causal_lm_loss, output_head
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-
-from finetune_trainer.chunked_loss import causal_lm_loss, output_head
 
 from .meta_count import apply_lora, build_meta_model
 from .param_count import architecture_shape

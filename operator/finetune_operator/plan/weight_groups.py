@@ -74,7 +74,7 @@ class ArchitectureShape:
     logit_softcapping: bool = False
     full_logits: bool = False
     """The model post-processes its head's output (soft-capping, scaling): the trainer's loss keeps the
-    full logits instead of chunking them (`finetune_trainer.chunked_loss.output_head`)."""
+    full logits instead of chunking them (`finetune_kernels.chunked_loss.output_head`)."""
     traits: str = ""
     """Whose activation inventory the family follows (`activation_traits.FAMILY_TRAITS`); the family's own
     name when empty."""
