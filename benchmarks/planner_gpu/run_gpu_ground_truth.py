@@ -125,9 +125,9 @@ def run_case(case: dict[str, Any], workdir: Path, on_gpu: bool = True) -> tuple[
     """(predicted, measured) bytes; measured is None on the CPU, which has no allocator peak."""
     import deepspeed
     import torch
-    from finetune_kernels.chunked_loss import causal_lm_loss, output_head
     from transformers import AutoModelForCausalLM
 
+    from finetune_kernels.chunked_loss import causal_lm_loss, output_head
     from finetune_operator.api.spec import MethodType
     from finetune_operator.plan import plan_job
     from finetune_operator.plan.meta_count import build_config

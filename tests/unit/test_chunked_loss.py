@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 import torch
+
 from finetune_kernels.chunked_loss import (
     causal_lm_loss,
     chunked_cross_entropy_sum,
     output_head,
     trained_positions,
 )
-
 from finetune_operator.api.loss_chunks import IGNORE_INDEX, chunked_loss_bytes, loss_chunk_tokens
 
 

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from finetune_kernels.chunked_loss import causal_lm_loss, output_head
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from finetune_kernels.chunked_loss import causal_lm_loss, output_head
 
 from .meta_count import apply_lora, build_meta_model
 from .param_count import architecture_shape
