@@ -123,11 +123,12 @@ class Reconciler:
     def _desired_hash(self, job: FineTuneJob, plan: PlanStatus) -> str:
         """The gang hash, remembered per job from the last render (`_apply_children`), or rendered
         here when the spec or the plan changed since: every pass needs it, few render."""
-        cached = self._hashes.get(job.metadata.uid or "")
-        if cached is not None and cached[0] == _hash_key(job, plan):
+        uid, key = job.metadata.uid or "", _hash_key(job, plan)
+        cached = self._hashes.get(uid)
+        if cached is not None and cached[0] == key:
             return cached[1]
         value = gang_hash(job, plan, self.options)
-        self._hashes[job.metadata.uid or ""] = (_hash_key(job, plan), value)
+        self._hashes[uid] = (key, value)
         return value
 
     def _lock(self, uid: str) -> threading.Lock:
