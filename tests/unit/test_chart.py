@@ -406,7 +406,7 @@ def test_the_default_tracking_uri_reaches_the_arguments(monkeypatch: pytest.Monk
 def test_the_gpu_placement_value_reaches_the_render_options(monkeypatch: pytest.MonkeyPatch, placement: str) -> None:
     """Clusters without GPU Feature Discovery (GKE's default, EKS with only the device plugin) place
     by another label or by the device plugin's resource alone; GFD's memory label is the default."""
-    from finetune_operator.cli.operator_cmd import render_options
+    from finetune_operator.cli.operator_settings import render_options
 
     args, _ = _operator_args(render(), monkeypatch)
     assert render_options(args).gpu_placement == "memory"
@@ -596,7 +596,7 @@ def test_the_values_reference_notices_an_undocumented_or_changed_value() -> None
 
 @needs_helm
 def test_object_storage_values_become_the_operators_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    from finetune_operator.cli.operator_cmd import object_storage_defaults
+    from finetune_operator.cli.operator_settings import object_storage_defaults
 
     args, _ = _operator_args(render(), monkeypatch)
     assert object_storage_defaults(args).model_dump(exclude_none=True) == {}

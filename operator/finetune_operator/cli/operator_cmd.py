@@ -6,14 +6,8 @@ import argparse
 import asyncio
 import logging
 import os
-import re
 import sys
 import threading
-
-from ..api.base import HTTP_URL_HINT, HTTP_URL_PATTERN
-from ..api.object_storage import ObjectStorageSpec
-from ..api.tracking import tracking_uri_problem
-from ..render.options import GpuPlacement, RenderOptions
 
 DEFAULT_IMAGE_ENV = "FTJOB_TRAINER_IMAGE"
 
@@ -27,35 +21,6 @@ def _positive_int(text: str) -> int:
 
 def _env_list(name: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
-
-
-def object_storage_defaults(args: argparse.Namespace) -> ObjectStorageSpec:
-    """The --s3-* flags as the defaults every job's spec.objectStorage is laid over."""
-    ca = None
-    if args.s3_ca_bundle:
-        name, _, key = args.s3_ca_bundle.partition("/")
-        ca = {"name": name, "key": key}
-    wire = {"endpoint": args.s3_endpoint, "region": args.s3_region, "pathStyle": args.s3_path_style or None}
-    try:
-        return ObjectStorageSpec.from_wire({k: v for k, v in {**wire, "caBundle": ca}.items() if v is not None})
-    except ValueError as exc:
-        raise SystemExit(f"--s3-* flags: {' '.join(str(exc).split())[:400]}") from None
-
-
-def render_options(args: argparse.Namespace) -> RenderOptions:
-    """The flags that shape what the operator renders for every job."""
-    return RenderOptions(
-        trainer_image=args.trainer_image,
-        master_port=args.master_port,
-        pod_monitor=args.pod_monitor,
-        default_queue_name=args.default_queue_name,
-        default_tracking_uri=args.default_tracking_uri,
-        object_storage=object_storage_defaults(args),
-        hub_endpoint=args.hub_endpoint,
-        model_cache_storage_class=args.model_cache_storage_class,
-        download_timeout_seconds=args.download_timeout,
-        gpu_placement=GpuPlacement(args.gpu_placement),
-    )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -217,53 +182,27 @@ def _allow_deep_objects() -> None:
 
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
-    if args.default_queue_name and not args.kueue:
-        raise SystemExit("ftjob operator: --default-queue-name needs --kueue (Kueue installed)")
-    problem = tracking_uri_problem(args.default_tracking_uri)
-    if problem:
-        raise SystemExit(f"ftjob operator: --default-tracking-uri: {problem}")
-    if args.hub_endpoint and not re.fullmatch(HTTP_URL_PATTERN, args.hub_endpoint):
-        raise SystemExit(f"ftjob operator: --hub-endpoint: invalid value {args.hub_endpoint!r}: {HTTP_URL_HINT}")
+    from .operator_settings import OperatorSettings
+
+    settings = OperatorSettings.from_args(args)
     import kopf
     from prometheus_client import start_http_server
 
-    from ..handlers.registry import HandlerSettings, build_registry, post_event
-    from ..plan.scheduling_policy import SchedulingPolicy
+    from ..handlers.registry import build_registry, post_event
     from ..reconcile import metrics
     from ..reconcile.cluster_io import KubernetesClusterIO
-    from ..reconcile.model_sources import HubSettings
     from ..reconcile.runner import Reconciler
-    from ..render.options import DEFAULT_HUB_ENDPOINT
 
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
+        level=logging.DEBUG if settings.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
     )
-    if not args.verbose:
+    if not settings.verbose:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event is noise
     _allow_deep_objects()
-    _load_kube_config(args.kubeconfig, connections=args.workers + 2)
-    metrics.initialise(tuple(args.namespace))
-    start_http_server(args.metrics_port, addr=args.metrics_address)
-    options = render_options(args)
-    hub = HubSettings(endpoint=(args.hub_endpoint or DEFAULT_HUB_ENDPOINT).rstrip("/"), offline=args.hub_offline)
-    policy = SchedulingPolicy(
-        priority_classes=tuple(args.allowed_priority_class),
-        toleration_keys=tuple(args.allowed_toleration_key),
-        tolerate_everything=args.allow_tolerate_all,
-        token_volumes=args.allow_service_account_token_volumes,
-    )
-    reconciler = Reconciler(KubernetesClusterIO(), options, post_event, policy, hub)
-    settings = HandlerSettings(interval_seconds=args.interval, max_workers=args.workers, kueue=args.kueue)
-    registry = build_registry(reconciler, settings)
-    liveness = f"http://{args.metrics_address}:{args.health_port}/healthz"
-    asyncio.run(
-        kopf.operator(
-            registry=registry,
-            standalone=True,
-            clusterwide=not args.namespace,
-            namespaces=args.namespace,
-            liveness_endpoint=liveness,
-            stop_flag=stop,
-        )
-    )
+    _load_kube_config(settings.kubeconfig, connections=settings.connections)
+    metrics.initialise(settings.namespaces)
+    start_http_server(settings.metrics_port, addr=settings.metrics_address)
+    reconciler = Reconciler(KubernetesClusterIO(), settings.render, post_event, settings.policy, settings.hub)
+    registry = build_registry(reconciler, settings.handlers)
+    asyncio.run(kopf.operator(registry=registry, standalone=True, stop_flag=stop, **settings.kopf_operator_args()))
     return 0

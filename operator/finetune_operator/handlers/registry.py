@@ -29,7 +29,7 @@ from ..reconcile.runner import Reconciler
 from ..render.identity import JOB_NAME_LABEL
 from .dispatch import HandlerSettings, JobHandlers, job_key
 
-__all__ = ["HandlerSettings", "build_registry", "connection_from_client", "post_event"]
+__all__ = ["HandlerSettings", "build_registry", "connection_from_client", "kopf_settings", "post_event"]
 
 log = logging.getLogger("finetune_operator")
 
@@ -79,6 +79,15 @@ def connection_from_client() -> kopf.ConnectionInfo:
     )
 
 
+def kopf_settings(settings: kopf.OperatorSettings) -> None:
+    """What kopf itself is told, at startup (the operator's own options: `cli.operator_settings`)."""
+    settings.persistence.diffbase_storage = NoDiffBase()
+    settings.posting.level = logging.CRITICAL  # our own events only, not kopf's log lines
+    settings.scanning.disabled = True  # no CRD/namespace watching: RBAC stays minimal
+    settings.watching.server_timeout = 270
+    settings.networking.request_timeout = 30
+
+
 def build_registry(reconciler: Reconciler, settings: HandlerSettings) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     jobs = JobHandlers(reconciler, settings)
@@ -90,12 +99,7 @@ def build_registry(reconciler: Reconciler, settings: HandlerSettings) -> kopf.Op
 
     @kopf.on.startup(registry=registry)
     def configure(**kw: Any) -> None:
-        operator_settings: kopf.OperatorSettings = kw["settings"]
-        operator_settings.persistence.diffbase_storage = NoDiffBase()
-        operator_settings.posting.level = logging.CRITICAL  # our own events only, not kopf's log lines
-        operator_settings.scanning.disabled = True  # no CRD/namespace watching: RBAC stays minimal
-        operator_settings.watching.server_timeout = 270
-        operator_settings.networking.request_timeout = 30
+        kopf_settings(kw["settings"])
         jobs.start()
 
     @kopf.on.cleanup(registry=registry)

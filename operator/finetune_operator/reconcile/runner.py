@@ -31,7 +31,7 @@ from ..plan.errors import PlanningError
 from ..plan.model_source import ModelSource
 from ..plan.scheduling_policy import SchedulingPolicy
 from ..plan.storage import check_shared_storage, written_claims
-from ..render.manifests import gang_hash, render_all
+from ..render.manifests import gang_hash, render_gang
 from ..render.options import RenderOptions
 from . import metrics
 from .cluster_io import ChildWriteError, ClusterIO, Conflict, status_patch
@@ -53,6 +53,11 @@ WARNING_AFTER_SECONDS = 20.0
 """A pod not running this long gets its newest Warning Event read (FailedAttachVolume, ...)."""
 WARNING_EVERY_SECONDS = 15.0
 """How often a waiting pod's newest Warning Event is read again."""
+
+
+def _hash_key(job: FineTuneJob, plan: PlanStatus) -> tuple[str, str]:
+    """What the gang hash of a job follows, given the operator's options: its spec and its plan."""
+    return (job.spec.model_dump_json(), plan.model_dump_json())
 
 
 def plan_or_fail(
@@ -116,9 +121,9 @@ class Reconciler:
         self.kueue = KueueWrites(cluster)
 
     def _desired_hash(self, job: FineTuneJob, plan: PlanStatus) -> str:
-        """`gang_hash`, remembered per job: it renders every config file, and each pass needs it."""
-        uid = job.metadata.uid or ""
-        key = (job.spec.model_dump_json(), plan.model_dump_json())
+        """The gang hash, remembered per job from the last render (`_apply_children`), or rendered
+        here when the spec or the plan changed since: every pass needs it, few render."""
+        uid, key = job.metadata.uid or "", _hash_key(job, plan)
         cached = self._hashes.get(uid)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -209,10 +214,10 @@ class Reconciler:
         job, decision = decided.job, decided.decision
         if decision.plan is None or not (apply_all or decided.needs_apply):
             return decided, False
-        gang = self._desired_hash(job, decision.plan)
-        objects = render_all(job, decision.plan, self.options, decision.replicas, gang, placement=decision.placement)
+        gang = render_gang(job, decision.plan, self.options, decision.replicas, placement=decision.placement)
+        self._hashes[job.metadata.uid or ""] = (_hash_key(job, decision.plan), gang.hash)
         try:
-            self.cluster.apply(objects, job.metadata.uid or "")
+            self.cluster.apply(gang.objects, job.metadata.uid or "")
         except ChildWriteError as exc:
             log.warning("job %s/%s: %s", job.namespace, job.name, exc)
             return decided.amended(child_write.amend(job, decision, exc, now)), False

@@ -9,6 +9,7 @@ the container only as argv elements or env values, never through a shell.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..api.base import parse_quantity
@@ -182,13 +183,15 @@ def statefulset(
     scratch_bytes: int = 0,
     model_bytes: int | None = None,
     grace_seconds: int | None = None,
+    placement: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The workers; `replicas` is numNodes while running, 0 when suspended or finished.
 
     `host_bytes` is the plan's host memory per node (`status.plan.hostBytesPerNode`);
     `scratch_bytes` the local staging of an s3:// output (`plan.scratch.scratch_bytes`); `model_bytes`
     the model's files (`status.plan.modelBytes`), which size each pod's cache claim; `grace_seconds`
-    the pods' terminationGracePeriodSeconds (`stop_grace`; None: the operator's floor).
+    the pods' terminationGracePeriodSeconds (`stop_grace`; None: the operator's floor); `placement`
+    the nodeLabels of the ResourceFlavors Kueue admitted the job on, which join the pods' nodeSelector.
     """
     spec = job.spec
     grace = options.termination_grace_seconds if grace_seconds is None else grace_seconds
@@ -233,8 +236,8 @@ def statefulset(
         pod_spec["serviceAccountName"] = account
     if selector := node_selector(job):
         pod_spec["nodeSelector"] = selector
-    if placement := affinity(job, options.gpu_placement):
-        pod_spec["affinity"] = placement
+    if gpu_affinity := affinity(job, options.gpu_placement):
+        pod_spec["affinity"] = gpu_affinity
     if tolerated := tolerations(job):
         pod_spec["tolerations"] = tolerated
     if spec.resources.priority_class_name:
@@ -244,6 +247,8 @@ def statefulset(
         "annotations": {CONFIG_HASH_ANNOTATION: config_hash},
     }
     apply_overlay(job, pod_metadata, pod_spec)
+    if placement:
+        pod_spec["nodeSelector"] = {**pod_spec.get("nodeSelector", {}), **placement}
     workers: dict[str, Any] = {
         "serviceName": service_name(job),
         "replicas": replicas,
