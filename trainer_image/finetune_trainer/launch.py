@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,16 +60,18 @@ class Result:
 
 def idle_forever(marker: Path) -> int:
     """A restarted pod of a finished job: do nothing until the kubelet stops us."""
-    print(f"job already completed ({marker}); idling until terminated", flush=True)
-    stop = {"now": False}
+    stop = threading.Event()
 
     def _stop(signum: int, frame: FrameType | None) -> None:
-        stop["now"] = True
+        stop.set()
 
+    # the handlers before the line that says we idle: a SIGTERM right after it ends the pod with 0,
+    # and a bounded wait, since a signal between a check and signal.pause() would be slept through
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    while not stop["now"]:
-        signal.pause() if hasattr(signal, "pause") else time.sleep(1)
+    print(f"job already completed ({marker}); idling until terminated", flush=True)
+    while not stop.wait(1.0):
+        pass
     return 0
 
 
