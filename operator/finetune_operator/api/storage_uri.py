@@ -164,11 +164,11 @@ class StorageUri:
         where = field or f"spec.{kind}.uri"
         pattern = _GRAMMAR[kind]
         if len(uri) > MAX_URI_LENGTH:
-            raise ValueError(f"{where}: invalid value {uri!r}: must be at most {MAX_URI_LENGTH} characters")
+            raise ValueError(f"{where}: too long: at most {MAX_URI_LENGTH} (got {uri!r:.60})")
         if re.fullmatch(pattern[1:-1], uri) is None:
             raise ValueError(f"{where}: invalid value {uri!r}: {PATTERN_HINTS[pattern]}")
         if re.search(FORBIDDEN_BUCKET, uri) is not None:
-            raise ValueError(f"{where}: invalid value {uri!r}: {FORBIDDEN_BUCKET_MESSAGE}")
+            raise ValueError(f"{where}: {FORBIDDEN_BUCKET_MESSAGE}")
         return cls.of(uri)
 
     @property
