@@ -96,7 +96,8 @@ def test_every_spec_pattern_has_a_message_in_words() -> None:
 
 def test_the_rules_python_checks_read_their_cel_patterns_as_re2_does() -> None:
     from finetune_operator.api.object_storage import FORBIDDEN_BUCKET
-    from finetune_operator.api.spec import DOT_DOT_SEGMENT, PINNED_HUB_ID, has_dot_dot
+    from finetune_operator.api.spec import DOT_DOT_SEGMENT, has_dot_dot
+    from finetune_operator.api.storage_uri import PINNED_HUB_ID
 
     uris = [*probes(), "a/..", "a/..\n", "../x", "s3://a..b/x", "s3://1.2.3.4/x", "s3://xn--a/x", "s3://b.mrap/x"]
     for value in uris:

@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.catalogue import read_entry
-from finetune_operator.api.spec import BUILTIN_DATASETS, BUILTIN_MODELS
+from finetune_operator.api.storage_uri import BUILTIN_DATASETS, BUILTIN_MODELS, Scheme, StorageUri
 
-BUILTIN_PREFIX = "builtin://"
 TINY_LLAMA = "tiny-llama"
 SMOLLM2 = "smollm2-135m-instruct"
 REVERSE_WORDS = "reverse-words"
@@ -109,11 +108,12 @@ SECRET_CODE_SYSTEM = "Answer in the secret code."
 
 
 def is_builtin(uri: str) -> bool:
-    return uri.startswith(BUILTIN_PREFIX)
+    return StorageUri.of(uri).scheme is Scheme.BUILTIN
 
 
 def builtin_name(uri: str) -> str:
-    return uri[len(BUILTIN_PREFIX) :]
+    """The name of a `builtin://` uri ("" for any other)."""
+    return StorageUri.of(uri).name
 
 
 def reverse_words_records(count: int = DEFAULT_DATASET_SIZE, seed: int = 1234) -> list[dict[str, Any]]:

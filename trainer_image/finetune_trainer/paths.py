@@ -14,10 +14,8 @@ import os
 from pathlib import Path
 
 from finetune_operator.api.pod_env import PodEnv
+from finetune_operator.api.storage_uri import PVC_ROOT, S3_MIRROR, Scheme, StorageUri
 
-PVC_ROOT = "/mnt/pvc"
-S3_MIRROR = "/var/cache/ftjob/s3"
-"""Where `s3://` inputs are downloaded in a pod (the model cache volume); FTJOB_S3_MIRROR overrides it."""
 COMPLETION_MARKER = "COMPLETED.json"
 CHECKPOINTS = "checkpoints"
 ADAPTER = "adapter"
@@ -36,18 +34,24 @@ def s3_mirror() -> Path:
 
 def resolve_uri(uri: str) -> str | None:
     """Local path of a URI, `builtin://...` unchanged, or None for a hub id."""
-    if uri.startswith("builtin://"):
+    parsed = StorageUri.of(uri)
+    if parsed.scheme is Scheme.BUILTIN:
         return uri
-    if uri.startswith("pvc://"):
-        claim, _, rest = uri[len("pvc://") :].partition("/")
-        return str(pvc_root() / claim / rest) if rest else str(pvc_root() / claim)
-    if uri.startswith("file://"):
-        return uri[len("file://") :]
-    if uri.startswith("/"):
-        return uri
-    if uri.startswith("s3://"):
-        return str(s3_mirror() / uri[len("s3://") :].rstrip("/"))
+    if parsed.scheme is Scheme.CLAIM:
+        rest = parsed.path
+        return str(pvc_root() / parsed.claim / rest) if rest else str(pvc_root() / parsed.claim)
+    if parsed.scheme is Scheme.PATH:
+        return parsed.path
+    if parsed.scheme is Scheme.S3:
+        return str(mirror_folder(parsed))
     return None
+
+
+def mirror_folder(uri: StorageUri, root: Path | None = None) -> Path:
+    """Where the mirror of an `s3://` input lives: `<root>/bucket/key` (root: `s3_mirror()`).
+
+    `s3_inputs` writes the copy here and `resolve_uri` sends the ranks here."""
+    return (s3_mirror() if root is None else root) / f"{uri.bucket}/{uri.key}".rstrip("/")
 
 
 def output_dir(output_uri: str) -> Path:
@@ -58,12 +62,12 @@ def output_dir(output_uri: str) -> Path:
     explicit = os.environ.get(PodEnv.FTJOB_OUTPUT_DIR)
     if explicit:
         return Path(explicit)
-    if output_uri.startswith("s3://"):
+    if StorageUri.of(output_uri).scheme is Scheme.S3:
         raise ValueError(
             f"output.uri {output_uri!r} is on object storage: FTJOB_OUTPUT_DIR must name a local staging folder"
         )
     local = resolve_uri(output_uri)
-    if local is None or local.startswith("builtin://"):
+    if local is None or StorageUri.of(local).scheme is Scheme.BUILTIN:
         raise ValueError(f"output.uri {output_uri!r} is not a local path or pvc:// URI")
     return Path(local)
 

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState
 from finetune_operator.api.pod_env import PodEnv
+from finetune_operator.api.storage_uri import is_s3
 from finetune_operator.api.strategy import Strategy
 from finetune_operator.api.tracking import TENSORBOARD_DIR
 
@@ -179,7 +180,7 @@ class S3Output:
     @classmethod
     def for_trainer(cls, spec: Any, out: Path, dist: Collective) -> S3Output | None:
         """None unless `spec.output.uri` is on s3://."""
-        if not spec.output.uri.startswith("s3://"):
+        if not is_s3(spec.output.uri):
             return None
 
         def fault(where: str, step: int) -> None:
@@ -371,7 +372,7 @@ def upload_tracking(
 
 def publish_tracking(spec: Any, out: Path) -> int:
     """`upload_tracking` for a job whose output is on s3:// (after its tracking finished); 0 otherwise."""
-    if not spec.output.uri.startswith("s3://"):
+    if not is_s3(spec.output.uri):
         return 0
     return upload_tracking(store_for(spec.object_storage), S3Uri.parse(spec.output.uri), out)
 
@@ -384,14 +385,14 @@ def _empty(folder: Path) -> None:
 
 def publish_completion(spec: Any, summary: dict[str, Any]) -> None:
     """Rank 0, last: the completion marker beside the result, for a pod started after the end."""
-    if spec.output.uri.startswith("s3://"):
+    if is_s3(spec.output.uri):
         store = store_for(spec.object_storage)
         store.put_bytes(S3Uri.parse(spec.output.uri).child(COMPLETION_MARKER), json.dumps(summary).encode())
 
 
 def completed(spec: Any) -> bytes | None:
     """The completion marker's content when the job's s3:// output holds one."""
-    if not spec.output.uri.startswith("s3://"):
+    if not is_s3(spec.output.uri):
         return None
     try:
         return store_for(spec.object_storage).get_bytes(S3Uri.parse(spec.output.uri).child(COMPLETION_MARKER))

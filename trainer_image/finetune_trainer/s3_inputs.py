@@ -2,7 +2,7 @@
 
 `ftjob train` calls `fetch` right after the hub prefetch: every `s3://` input of the spec
 (model, tokenizer, dataset, validation set) is copied to `paths.s3_mirror()/bucket/key`
-(the pod's model cache volume), where `paths.resolve_uri` sends the ranks. Eight ranks of a
+(the pod's model cache volume, `paths.mirror_folder`), where `paths.resolve_uri` sends the ranks. Eight ranks of a
 pod thus read one local copy, and a cache on a claim survives gang restarts.
 
 A bucket is not trusted to name local files: an object key is a string, and a shared or hostile
@@ -28,10 +28,11 @@ from pathlib import Path
 
 from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.spec import FineTuneJobSpec
+from finetune_operator.api.storage_uri import StorageUri
 
 from .metrics.exporter import metrics_port
 from .objstore import ObjectStore, S3Uri, StoreError, StoreNotFound, confined, store_for
-from .paths import resolve_uri, s3_mirror
+from .paths import mirror_folder, s3_mirror
 from .prefetch import download_progress
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ def fetch(spec: FineTuneJobSpec, node_rank: int = 0, store: ObjectStore | None =
     targets: list[tuple[S3Uri, dict[str, int], Path]] = []
     for text in uris:
         parsed = S3Uri.parse(text)
-        targets.append((parsed, listed(store, parsed), Path(str(resolve_uri(text)))))
+        targets.append((parsed, listed(store, parsed), mirror_folder(StorageUri.of(text), mirror_root)))
     for uri, listing, target in targets:  # every key of every input, before the first download
         check_keys(listing, uri, target)
     total = sum(sum(listing.values()) for _, listing, _ in targets)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LOCAL_PREFIXES = ("pvc://", "file://", "/", "builtin://", "s3://")
-"""Prefixes of every model uri that is not a hub id (s3:// objects are mirrored by the pod, not downloaded)."""
+from .storage_uri import Scheme, StorageUri
+
 DEFAULT_REVISION = "main"
 
 
@@ -44,20 +44,20 @@ class ClaimModel:
 
 def is_hub_uri(uri: str) -> bool:
     """A hub id (`org/name`, `hf://org/name`, either with `@revision`): downloaded at run time."""
-    return not uri.startswith(LOCAL_PREFIXES)
+    return StorageUri.of(uri).scheme is Scheme.HUB
 
 
 def hub_model(uri: str, revision: str | None = None) -> HubModel | None:
     """The repo and revision of a hub uri (`revision`: the spec's `model.revision`), None otherwise."""
-    if not is_hub_uri(uri):
+    parsed = StorageUri.of(uri)
+    if parsed.scheme is not Scheme.HUB:
         return None
-    repo, _, pinned = uri.removeprefix("hf://").partition("@")
-    return HubModel(repo, pinned or revision or None)
+    return HubModel(parsed.repo, parsed.revision or revision or None)
 
 
 def claim_model(uri: str) -> ClaimModel | None:
     """The claim and the folder inside it of a `pvc://` uri, None otherwise."""
-    if not uri.startswith("pvc://"):
+    parsed = StorageUri.of(uri)
+    if parsed.scheme is not Scheme.CLAIM:
         return None
-    claim, _, path = uri.removeprefix("pvc://").partition("/")
-    return ClaimModel(claim, path.strip("/"))
+    return ClaimModel(parsed.claim, parsed.path.strip("/"))

@@ -29,7 +29,6 @@ from .base import (
 )
 from .rules import CrossFieldRule
 
-S3_SCHEME = "s3://"
 BUCKET_PATTERN = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
 """The shape of an S3 bucket name: 3 to 63 lowercase letters, digits, '.' and '-', starting and ending
 with a letter or digit. `FORBIDDEN_BUCKET` holds the rest of S3's rules, which a pattern without
@@ -64,10 +63,6 @@ PATTERN_HINTS: dict[str, str] = {
     REGION_PATTERN: "must be a region name such as us-east-1 (lowercase letters, digits and '-')",
     SECRET_KEY_PATTERN: SECRET_KEY_HINT,
 }
-
-
-def is_s3(uri: str | None) -> bool:
-    return uri is not None and uri.startswith(S3_SCHEME)
 
 
 def allowed_bucket(field: str, optional: bool = False) -> CrossFieldRule:

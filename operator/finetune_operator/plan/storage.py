@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..api.spec import FineTuneJobSpec
+from ..api.storage_uri import Scheme, StorageUri
 from .errors import PlanningError
 
 
@@ -27,9 +28,9 @@ class SharedStorageError(PlanningError):
 def written_claims(spec: FineTuneJobSpec) -> dict[str, str]:
     """Claim name → the spec field that names it, for the claims every pod writes."""
     out: dict[str, str] = {}
-    uri = spec.output.uri
-    if uri.startswith("pvc://"):
-        out[uri[len("pvc://") :].split("/", 1)[0]] = "spec.output.uri"
+    output = StorageUri.of(spec.output.uri)
+    if output.scheme is Scheme.CLAIM:
+        out[output.claim] = "spec.output.uri"
     cache = spec.model.cache
     if cache is not None and cache.claim_name is not None:
         out.setdefault(cache.claim_name, "spec.model.cache.claimName")

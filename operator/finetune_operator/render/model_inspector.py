@@ -25,10 +25,11 @@ from ..api.job import FineTuneJob
 from ..api.model_inspection import ModelInspection
 from ..api.model_uri import claim_model, hub_model
 from ..api.pod_contract import TERMINATION_LOG
+from ..api.storage_uri import PVC_ROOT
 from .identity import metadata
 from .options import RenderOptions
 from .placement import node_selector, tolerations
-from .volumes import PVC_ROOT, claim_volume_name
+from .volumes import claim_volume_name
 
 REQUEST_ANNOTATION = "finetune.dev/model-request"
 """The hash of what a pod inspects or a record holds (uri, revision, token reference): a spec

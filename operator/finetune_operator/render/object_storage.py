@@ -18,8 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..api.job import FineTuneJob
-from ..api.object_storage import ObjectStorageSpec, is_s3
+from ..api.object_storage import ObjectStorageSpec
 from ..api.pod_env import PodEnv
+from ..api.storage_uri import MIRROR_SUBDIR, is_s3
 from .env_entries import secret_entry, value_entry
 from .options import RenderOptions
 
@@ -27,7 +28,6 @@ SCRATCH_DIR = "/var/lib/ftjob/scratch"
 OUTPUT_STAGING_DIR = f"{SCRATCH_DIR}/output"
 CA_DIR = "/etc/ftjob/s3-ca"
 CA_FILE = "ca.crt"
-MIRROR_SUBDIR = "s3"
 
 
 def uses_s3(job: FineTuneJob) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ..api.spec import FineTuneJobSpec, MethodType
 from ..api.status import PlanStatus
+from ..api.storage_uri import is_s3
 
 GIB = 2**30
 MARGIN = 1.25
@@ -34,7 +35,7 @@ def base_weight_bytes_16bit(plan: PlanStatus, spec: FineTuneJobSpec) -> int:
 
 def scratch_bytes(spec: FineTuneJobSpec, plan: PlanStatus) -> int:
     """The scratch emptyDir of one pod, in bytes rounded up to GiB (0: output not on s3://)."""
-    if not spec.output.uri.startswith("s3://"):
+    if not is_s3(spec.output.uri):
         return 0
     trainable = plan.trainable_parameters or 0
     if spec.method.type == MethodType.FULL:

@@ -17,12 +17,11 @@ from typing import Any
 from ..api.job import FineTuneJob
 from ..api.model_cache import default_size
 from ..api.model_uri import is_hub_uri
+from ..api.storage_uri import MODEL_CACHE_DIR as MODEL_CACHE_DIR  # noqa: PLC0414 (render/workers.py reads it here)
+from ..api.storage_uri import PVC_ROOT, Scheme, StorageUri
 from .identity import labels
 
-PVC_ROOT = "/mnt/pvc"
 SHM_SIZE = "8Gi"
-MODEL_CACHE_DIR = "/var/cache/ftjob"
-"""Where a hub model is downloaded (HF_HOME below it), once per pod before the ranks start."""
 MODEL_CACHE_VOLUME = "model-cache"
 FALLBACK_CACHE_SIZE = "100Gi"
 """A cache claim's size when the plan has no model bytes (a plan made by an older operator)."""
@@ -51,20 +50,17 @@ def claim_volume_name(claim: str) -> str:
 
 
 def claim_of(uri: str) -> str | None:
-    if not uri.startswith("pvc://"):
-        return None
-    return uri[len("pvc://") :].split("/", 1)[0]
+    parsed = StorageUri.of(uri)
+    return parsed.claim if parsed.scheme is Scheme.CLAIM else None
 
 
 def local_path(uri: str) -> str | None:
     """Where a pvc:// or path URI appears inside the container."""
-    claim = claim_of(uri)
-    if claim is not None:
-        rest = uri[len("pvc://") + len(claim) :].lstrip("/")
-        return f"{PVC_ROOT}/{claim}" + (f"/{rest}" if rest else "")
-    if uri.startswith("file://"):
-        return uri[len("file://") :]
-    return uri if uri.startswith("/") else None
+    parsed = StorageUri.of(uri)
+    if parsed.scheme is Scheme.CLAIM:
+        rest = parsed.path.lstrip("/")
+        return f"{PVC_ROOT}/{parsed.claim}" + (f"/{rest}" if rest else "")
+    return parsed.path if parsed.scheme is Scheme.PATH else None
 
 
 def is_hub_model(uri: str) -> bool:

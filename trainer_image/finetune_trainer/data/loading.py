@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.pod_contract import TerminationReason
+from finetune_operator.api.storage_uri import StorageUri
 
 from .. import builtin
 from ..errors import TrainerError
@@ -114,7 +115,7 @@ def raw_records(uri: str, seed: int = 1234) -> Iterator[RawRecord]:
 def _hub_records(uri: str) -> Iterator[RawRecord]:
     import datasets
 
-    name = uri.removeprefix("hf://")
+    name = StorageUri.of(uri).location
     try:
         table = datasets.load_dataset(name, split="train")
     except Exception as exc:  # the library raises many kinds; the message is what matters
