@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from ..api.pod_env import PodEnv
+from ..api.storage_uri import is_s3
 from ..api.tracking import tracking_uri_problem
 from ..plan import choose_plan
 from ..render.config_files import HOSTFILE, config_files
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     staging = None
     if args.output:
         os.environ[PodEnv.FTJOB_OUTPUT_DIR] = str(Path(args.output).resolve())
-    elif job.spec.output.uri.startswith("s3://"):  # the trainer uploads from a local staging folder
+    elif is_s3(job.spec.output.uri):  # the trainer uploads from a local staging folder
         staging = tempfile.TemporaryDirectory(prefix="ftjob-run-output-")
         os.environ[PodEnv.FTJOB_OUTPUT_DIR] = staging.name
     elif not job.spec.output.uri.startswith("/"):

@@ -17,8 +17,7 @@ from typing import Any
 from ..api.job import FineTuneJob
 from ..api.model_cache import default_size
 from ..api.model_uri import is_hub_uri
-from ..api.storage_uri import MODEL_CACHE_DIR as MODEL_CACHE_DIR  # noqa: PLC0414 (render/workers.py reads it here)
-from ..api.storage_uri import PVC_ROOT, Scheme, StorageUri
+from ..api.storage_uri import MODEL_CACHE_DIR, PVC_ROOT, Scheme, StorageUri
 from .identity import labels
 
 SHM_SIZE = "8Gi"

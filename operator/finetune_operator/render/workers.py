@@ -16,6 +16,7 @@ from ..api.base import parse_quantity
 from ..api.job import FineTuneJob
 from ..api.pod_contract import TERMINATION_LOG
 from ..api.pod_env import CUDA_ALLOCATOR_DEFAULT, PodEnv
+from ..api.storage_uri import MODEL_CACHE_DIR
 from . import object_storage
 from .config_files import CONFIG_DIR
 from .env_entries import field_entry, secret_entry, value_entry
@@ -35,7 +36,6 @@ from .placement import affinity, apply_overlay, node_selector, tolerations
 from .stop_grace import ranks_stop_seconds
 from .tracking import tracking_env
 from .volumes import (
-    MODEL_CACHE_DIR,
     is_hub_model,
     local_path,
     model_cache_size,
