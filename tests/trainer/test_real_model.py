@@ -119,7 +119,7 @@ def test_chat_template_trains_exactly_the_assistant_tokens_and_each_ends_with_eo
     assert all(r[-2] == tok.eos_token_id for r in replies)
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2400)  # 322 CPU-s: at load 20 in a clean-clone CI run it got a fifth of a core; 1500 s ran out
 def test_lora_learns_the_code_keeps_base_weights_and_general_answers(
     tmp_path: Path, smollm2_dir: Path, launch: Callable[..., Run]
 ) -> None:
@@ -160,7 +160,7 @@ def test_lora_learns_the_code_keeps_base_weights_and_general_answers(
     out = tmp_path / "out"
     _link_cache(out, smollm2_dir)
     run = launch(render_config(tmp_path / "config", manifest), out)
-    assert run.wait(1400) == 0, run.log()[-3000:]
+    assert run.wait(2200) == 0, run.log()[-3000:]
 
     # The trainable/total counts the trainer logs are the planner's, exactly.
     found = re.search(r"lora, (\d+)/(\d+) trainable parameters", run.log())

@@ -83,7 +83,10 @@ class OperatorProcess:
         env = {k: v for k, v in os.environ.items() if k not in self.unset_env}
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
-        wait_for(lambda: self._healthy(health), 60, "the operator's liveness endpoint")
+        # 180 s: the operator imports ~3.8 CPU-s of modules before it serves /healthz, and at load 20
+        # (CI's four lanes on 2 cores) a process gets about a tenth of a core; 60 s ran out there, the
+        # chaos test's restarts failed one after another and no life reached its work
+        wait_for(lambda: self._healthy(health), 180, "the operator's liveness endpoint")
 
     def _healthy(self, port: int) -> bool:
         assert self.proc is not None
