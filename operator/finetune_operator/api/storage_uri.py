@@ -10,20 +10,19 @@ and nowhere else:
 - a path inside the container, `/abs/path` or `file:///abs/path`.
 
 `StorageUri.of` splits a URI the API has already accepted (it never raises: the renderers and
-the trainer call it on validated specs); `StorageUri.parse` first checks a URI against the
-API's grammar for its field, which is declared here and used by the pydantic models (and so
-by the generated CRD). The mount roots are declared here once for the operator's pod spec and
-the trainer's path resolution.
+the trainer call it on validated specs). The grammar of each field is declared here and checked
+by the pydantic models (and so by the generated CRD), which name the field and what is allowed.
+The mount roots are declared here once for the operator's pod spec and the trainer's path
+resolution.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 
 from .base import VISIBLE
-from .object_storage import FORBIDDEN_BUCKET, FORBIDDEN_BUCKET_MESSAGE, S3_URI
+from .object_storage import S3_URI
 
 PVC_ROOT = "/mnt/pvc"
 """Where each claim of a `pvc://` URI is mounted, at `PVC_ROOT/<claim>`."""
@@ -64,7 +63,6 @@ DATASET_URI_PATTERN = _uri_pattern(BUILTIN_DATASETS)
 """Where a dataset lives: as `URI_PATTERN`, with `BUILTIN_DATASETS` as the built-in names."""
 OUTPUT_URI_PATTERN = rf"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/{VISIBLE}*)?|/{VISIBLE}*|{S3_URI})$"
 """Where the output goes: a claim, a path or object storage."""
-MAX_URI_LENGTH = 512
 
 PATTERN_HINTS: dict[str, str] = {
     URI_PATTERN: "must be a hub id (org/name or hf://org/name, optionally @revision), pvc://claim/path, "
@@ -88,16 +86,6 @@ class Scheme(StrEnum):
     PATH = "path"
 
 
-class UriKind(StrEnum):
-    """Which field's grammar a URI follows (the grammar of a tokenizer is a model's, of a
-    validation set a dataset's)."""
-
-    MODEL = "model"
-    DATASET = "dataset"
-    OUTPUT = "output"
-
-
-_GRAMMAR = {UriKind.MODEL: URI_PATTERN, UriKind.DATASET: DATASET_URI_PATTERN, UriKind.OUTPUT: OUTPUT_URI_PATTERN}
 _PREFIXES = (
     ("builtin://", Scheme.BUILTIN),
     ("pvc://", Scheme.CLAIM),
@@ -154,22 +142,6 @@ class StorageUri:
             return cls(uri, scheme, bucket=bucket, key=key)
         repo, _, pinned = uri.removeprefix("hf://").partition("@")
         return cls(uri, scheme, repo=repo, revision=pinned or None)
-
-    @classmethod
-    def parse(cls, uri: str, kind: UriKind, field: str | None = None) -> StorageUri:
-        """Check `uri` against the API's grammar for `kind` and split it.
-
-        Raises ValueError naming `field` (default `spec.<kind>.uri`) and what is allowed, in
-        the words the API uses for the same mistake."""
-        where = field or f"spec.{kind}.uri"
-        pattern = _GRAMMAR[kind]
-        if len(uri) > MAX_URI_LENGTH:
-            raise ValueError(f"{where}: too long: at most {MAX_URI_LENGTH} (got {uri!r:.60})")
-        if re.fullmatch(pattern[1:-1], uri) is None:
-            raise ValueError(f"{where}: invalid value {uri!r}: {PATTERN_HINTS[pattern]}")
-        if re.search(FORBIDDEN_BUCKET, uri) is not None:
-            raise ValueError(f"{where}: {FORBIDDEN_BUCKET_MESSAGE}")
-        return cls.of(uri)
 
     @property
     def location(self) -> str:
