@@ -89,7 +89,7 @@ else
 fi
 
 if ((demo)); then
-  log "demo preparation: DeepSpeed's CPU comm op and the SmolLM2 conversion (elapsed $(elapsed))"
+  log "demo preparation: the SmolLM2 conversion (elapsed $(elapsed))"
   DS_ACCELERATOR=cpu run demo-prepare .venv/bin/python -m tools.demo.prepare
   log "demo preparation done (elapsed $(elapsed)); $(grep -h 'ready in' "$LOGS/demo-prepare.log" | tr '\n' ' ')"
 fi

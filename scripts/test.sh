@@ -112,15 +112,6 @@ run_lane() {  # run_lane LANE: its steps, in the order of ALL_TIERS
     if [[ $(lane_of "$tier") == "$lane" ]]; then tier_step "$lane" "$tier"; fi
   done
 }
-# DeepSpeed's CPU comm op is built before the lanes, once: its build file names this checkout's
-# .venv, so a new clone rebuilds it (~40 CPU-s), and a rank that met the build inside a test
-# (behind another lane's build lock, on a loaded machine) ran into the test's timeout.
-for tier in "${tiers[@]}"; do
-  if [[ $tier != unit && $tier != images ]]; then
-    step setup "DeepSpeed's CPU comm op" .venv/bin/python -m tools.demo.prepare comm-op
-    break
-  fi
-done
 # Kueue, the S3 server (SeaweedFS) and MLflow's server venv are built before the lanes too, when a
 # tier that starts them runs (a no-op once cached): on a cold machine a trainer test met the
 # SeaweedFS build (~15 min) inside its setup and ran past its 600 s timeout.

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from finetune_localcluster.ports import free_port
-from finetune_trainer.shm_segments import sweep
 from tests.support import fork_server
 
 REPO = fork_server.REPO
@@ -98,7 +97,6 @@ class Run:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-            sweep("127.0.0.1", self.port)  # the launcher died with its ranks: nothing else frees their shm
 
     def termination(self) -> str:
         return self.termination_log.read_text() if self.termination_log.exists() else ""

@@ -1,5 +1,6 @@
 """DeepSpeed is imported without its autotuner's MLflow import, in the launcher's preload and in a
-fresh rank, and MLflow stays importable afterwards (the tracking publisher's process needs it)."""
+fresh rank, and MLflow stays importable afterwards (the tracking publisher's process needs it).
+Its CPU shm all-reduce op is switched off: the comm backend's loader returns nothing, builds nothing."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -26,14 +28,23 @@ PROBE = textwrap.dedent(
     print("mlflow imported", "mlflow" in sys.modules)
     import mlflow.tracking
     print("mlflow after", mlflow.tracking.__name__)
+    from deepspeed.comm.torch import build_shm_op
+    print("shm op", build_shm_op())
     """
 )
 
 
-def test_the_preload_imports_deepspeed_without_mlflow_and_mlflow_still_imports_after() -> None:
-    env = dict(os.environ, DS_ACCELERATOR="cpu")
+def test_the_preload_imports_deepspeed_without_mlflow_and_mlflow_still_imports_after(tmp_path: Path) -> None:
+    extensions = tmp_path / "torch_extensions"
+    env = dict(os.environ, DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(extensions))
     out = subprocess.run(
         [sys.executable, "-c", PROBE], env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=True
     ).stdout
     assert "deepspeed" in CPU_PRELOAD
-    assert out.splitlines()[-3:] == ["has_mlflow False", "mlflow imported False", "mlflow after mlflow.tracking"], out
+    assert out.splitlines()[-4:] == [
+        "has_mlflow False",
+        "mlflow imported False",
+        "mlflow after mlflow.tracking",
+        "shm op None",
+    ], out
+    assert not extensions.exists(), list(extensions.rglob("*"))  # nothing was built

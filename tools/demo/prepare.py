@@ -1,16 +1,15 @@
 """`python -m tools.demo.prepare`: the demo's once-per-machine work, done before the cluster is up.
 
-A first demo run on a fresh machine spends minutes before its first training step: DeepSpeed's
-CPU communication op is compiled (into ~/.cache/torch_extensions; again for each checkout, since
-the build file names the checkout's `.venv` paths and a changed build file rebuilds) and the
-SmolLM2 GGUF file is converted to safetensors (once per cache folder). `scripts/demo.sh` runs
-this module while the Kubernetes binaries are still building, so both overlap with that build;
-the demo then copies the converted model into its output claim, where the trainer looks for it.
+A first demo run on a fresh machine would spend a minute before its first training step
+converting the SmolLM2 GGUF file to safetensors (once per cache folder). `scripts/demo.sh` runs
+this module while the Kubernetes binaries are still building, so the conversion overlaps with
+that build; the demo then copies the converted model into its output claim, where the trainer
+looks for it. (DeepSpeed's CPU comm op used to be compiled here too: the trainer no longer loads
+it, see finetune_trainer.deepspeed_import.)
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import time
@@ -25,14 +24,6 @@ SMOLLM2 = "smollm2-135m-instruct"
 def converted_models() -> Path:
     """The machine-wide folder of converted built-in models (outside the work tree)."""
     return cache_dir() / "builtin-models"
-
-
-def compile_cpu_comm_op() -> None:
-    """Build DeepSpeed's shared-memory CPU collective op exactly as the ranks will load it."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
-
-    ShareMemCommBuilder().load(verbose=False)
 
 
 def convert_smollm2(seed: int = 0) -> Path:
@@ -54,13 +45,12 @@ def seed_output_cache(output_dir: Path) -> bool:
 
 
 STEPS: dict[str, tuple[str, Callable[[], object]]] = {
-    "comm-op": ("DeepSpeed CPU comm op", compile_cpu_comm_op),
     "smollm2": ("SmolLM2 conversion", convert_smollm2),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m tools.demo.prepare [STEP ...]`: the named steps (comm-op, smollm2), or both."""
+    """`python -m tools.demo.prepare [STEP ...]`: the named steps (smollm2), or all."""
     chosen = (sys.argv[1:] if argv is None else argv) or list(STEPS)
     unknown = [step for step in chosen if step not in STEPS]
     if unknown:

@@ -32,7 +32,7 @@ from typing import Any
 from finetune_operator.api.pod_contract import TrainingSummary
 from finetune_operator.api.pod_env import CUDA_ALLOCATOR_DEFAULT, PodEnv
 
-from . import node_launcher, outcome, preemption, process_tree, s3_checkpoints, s3_inputs, shm_segments
+from . import node_launcher, outcome, preemption, process_tree, s3_checkpoints, s3_inputs
 from .download_gate import DownloadTimeout, download_timeout, gang_ready, within_limit
 from .errors import TrainerError
 from .modeling import ModelNotFound
@@ -175,7 +175,6 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
     tracking = start_session(cfg) if node_rank == 0 else None
     with tempfile.TemporaryDirectory(prefix="ftjob-run-") as tmp:
         state_dir = Path(tmp)
-        started = time.time()
         rank_env = _rank_env(state_dir, progress, offline=hub_offline(cfg, prefetched))
         proc = start_launcher(cfg, node_rank, master_addr, master_port, rank_env)
         terminated = {"signal": 0}
@@ -193,7 +192,6 @@ def train(config_dir: str | Path, progress: bool = False, idle_when_done: bool =
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
-            shm_segments.sweep(master_addr, master_port, created_since=started)
         result = _conclude(state_dir, returncode, node_rank, terminated["signal"], killed)
     if tracking is not None:
         try:

@@ -22,11 +22,9 @@ from pathlib import Path
 from finetune_operator.api.pod_env import PodEnv
 
 from . import log_filters, preemption
-from .checkpoint import fault_point
 from .outcome import SUMMARY_FILE, failure_line, mark_rank, write_rank_failure
 from .paths import completion_marker
 from .s3_checkpoints import publish_completion
-from .shm_segments import bounded_setup, release_own, setup_seconds
 
 log = logging.getLogger("finetune_trainer")
 
@@ -87,19 +85,7 @@ def run_rank(config_dir: str) -> int:
             torch.cuda.set_device(local_rank)
         minutes = float(os.environ.get("FTJOB_DIST_TIMEOUT_MINUTES", "30"))
         timeout = timedelta(minutes=minutes)
-        if backend == "gloo":  # on CPU DeepSpeed sets up shared memory after the rendezvous: bound it
-            from deepspeed.comm.torch import build_shm_op
-
-            build_shm_op()  # loaded once (and JIT-built, or waited for, outside the bound below)
-            torch.distributed.init_process_group(backend, timeout=timeout)
-            fault_point("shm-setup", rank)
-            addr, port = os.environ.get(PodEnv.MASTER_ADDR, ""), os.environ.get(PodEnv.MASTER_PORT, "")
-            with bounded_setup(state_dir, rank, addr, port, setup_seconds()):
-                deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
-            torch.distributed.barrier()  # every rank has mapped its peers' shm segments once all are past it
-            release_own(rank)
-        else:
-            deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+        deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
         metrics = None
         if metrics_enabled():
             registry = new_registry()
