@@ -336,7 +336,6 @@ def train(
 
     Run it in a process of its own (`isolated`): it joins a one-rank process group and, with
     `card_bytes`, caps this process's CUDA allocator at that many bytes (an emulated card)."""
-    import deepspeed
     import torch
 
     from benchmarks.gpu_batches import flops_per_token, parameter_count, peak_flops, real_batch
@@ -345,10 +344,12 @@ def train(
     from finetune_operator.api.strategy import Strategy
     from finetune_operator.render.deepspeed_config import deepspeed_config
     from finetune_trainer import checkpoint, modeling
+    from finetune_trainer.deepspeed_import import import_deepspeed
     from finetune_trainer.loss import training_loss
     from finetune_trainer.rank_setup import build_engine
 
     if not torch.distributed.is_initialized():
+        deepspeed = import_deepspeed()  # without its CPU shm op, as the trainer's ranks
         deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
     compute = modeling.compute_settings(spec, on_gpu)
     ds_config = modeling.effective_deepspeed_config(deepspeed_config(spec, plan), compute)

@@ -135,15 +135,16 @@ def micro(calls: int = 3000, rounds: int = 300) -> None:
     import os
     import time
 
-    import deepspeed
     import deepspeed.comm as dist
     import torch
     from prometheus_client import generate_latest
 
     from finetune_localcluster.ports import free_port
+    from finetune_trainer.deepspeed_import import import_deepspeed
     from finetune_trainer.metrics import RankMetrics, new_registry
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    deepspeed = import_deepspeed()  # without its CPU shm op, as the trainer's ranks
     deepspeed.init_distributed("gloo")
     tensor = torch.ones(16)
 

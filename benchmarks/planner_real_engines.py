@@ -131,18 +131,19 @@ def _rank_main(rank: int, port: int, config_dir: str, method: str, strategy: tup
     )
     import logging
 
-    import deepspeed
     import torch
 
     from finetune_operator.plan import fixed_plan
     from finetune_operator.plan.meta_count import build_config
     from finetune_operator.render.deepspeed_config import deepspeed_config
+    from finetune_trainer.deepspeed_import import import_deepspeed
 
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
     torch.manual_seed(0)
     spec = job_spec(config_dir, method, strategy)
     ds_config = deepspeed_config(spec, fixed_plan(spec))
     ds_config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}
+    deepspeed = import_deepspeed()  # without its CPU shm op, as the trainer's ranks
     deepspeed.init_distributed(dist_backend="gloo")
     from transformers import AutoModelForCausalLM
 

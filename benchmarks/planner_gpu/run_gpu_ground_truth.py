@@ -211,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no GPU here: this benchmark measures the CUDA allocator (--smoke runs its code on the CPU)")
     if not on_gpu:
         os.environ["DS_ACCELERATOR"] = "cpu"
-    import deepspeed
+    from finetune_trainer.deepspeed_import import import_deepspeed
 
+    deepspeed = import_deepspeed()  # without its CPU shm op, as the trainer's ranks
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
     device = f"GPU: {torch.cuda.get_device_name()}" if on_gpu else "CPU (smoke: no allocator peak)"
     print(f"{device}, torch {torch.__version__}, deepspeed {deepspeed.__version__}")

@@ -33,13 +33,15 @@ def test_bus_factor_is_nccl_tests(op: str, n: int, factor: float) -> None:
 
 @pytest.fixture(scope="module")
 def single_rank_group() -> Iterator[None]:
-    import deepspeed
     import torch.distributed as dist
+
+    from finetune_trainer.deepspeed_import import import_deepspeed
 
     mp = pytest.MonkeyPatch()
     for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
                        "WORLD_SIZE": "1", "LOCAL_RANK": "0", "DS_ACCELERATOR": "cpu"}.items():  # fmt: skip
         mp.setenv(key, value)
+    deepspeed = import_deepspeed()  # without its CPU shm op, as the trainer's ranks
     deepspeed.init_distributed("gloo")
     yield
     dist.destroy_process_group()

@@ -43,13 +43,15 @@ OVERFLOW_STEPS = (1, 2)
 def one_rank() -> Iterator[None]:
     """A gloo process group of this process alone (DeepSpeed's wrappers ask for ranks and reduce)."""
 
-    import deepspeed
     import deepspeed.comm as dist
+
+    from finetune_trainer.deepspeed_import import import_deepspeed
 
     port = free_port()
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
+    deepspeed = import_deepspeed()  # without its CPU shm op, as the trainer's ranks
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     try:
         yield

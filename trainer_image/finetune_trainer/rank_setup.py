@@ -156,8 +156,11 @@ def build_engine(
     is 4.6 GiB; the plan has no such term), and the same step runs at `deepspeed.initialize`,
     which initialises the optimizer states. The fused step allocates nothing beyond the
     states (`benchmarks/optimizer_step_memory.py`)."""
-    import deepspeed
     import torch
+
+    from .deepspeed_import import import_deepspeed
+
+    deepspeed = import_deepspeed()  # without its CPU shm op, whoever set up the process group
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = client_optimizer(params, spec=spec, plan=plan, on_gpu=on_gpu)
