@@ -15,7 +15,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
@@ -31,13 +31,20 @@ STEP_S = 240.0
 """How long one lifecycle step may take to converge. 120 s was too short at load 13-14 (a clean
 clone's four lanes beside an image build, 2026-12-05): job-32's pods were both Running when its
 wait ran out, and the status caught up a moment later. A job that never converges still fails."""
-WORK_CPU_S = (0.3, 1.5)
-"""How much CPU the operator gets after each start before the chaos kills it. In CPU, not wall
+WORK_CPU_S = (0.3, 2.5)
+"""How much CPU the operator gets in each life, counted once it holds every job, before the chaos
+kills it. A first pass over 8 jobs re-applies all their children; with at most 1.5 CPU-s (before
+2026-12-05) a life on a loaded machine often ended before the last jobs' turn. In CPU, not wall
 time: killed 2-10 s after each start, an operator on a machine at load 16 (CI's four lanes on
 2 cores) got so little CPU per life that job-24 saw both pods ready for 120 s while its status
 still said 0 of 2 (CI of 2026-12-04 16:20)."""
 LIFE_CAP_S = 30.0
 """The longest life, for an operator with nothing to do."""
+SYNC_CAP_S = 120.0
+"""The longest wait, after a start, for the operator to hold every job of the namespace before
+its work is counted. kopf lists and indexes the jobs, pods and StatefulSets first: at load 16 that
+alone could take a life's budget, and then no life ever reached a pass (CI of 2026-12-05:
+job-7's pods were both ready for 240 s while its status still said 1 of 2)."""
 CHILDREN = {
     "statefulsets": "/apis/apps/v1/namespaces/{ns}/statefulsets",
     "services": "/api/v1/namespaces/{ns}/services",
@@ -49,8 +56,9 @@ SUMMARY = {"finalLoss": 0.5, "steps": 10, "tokens": 1000, "adapterUri": "/output
 class Chaos:
     """SIGKILL and restart the operator at random moments until stopped."""
 
-    def __init__(self, operator: OperatorProcess, seed: int) -> None:
-        self.operator, self.rng = operator, random.Random(seed)
+    def __init__(self, operator: OperatorProcess, seed: int, jobs: Callable[[], int]) -> None:
+        """`jobs`: how many jobs the operator should hold now (those of the test's namespace)."""
+        self.operator, self.rng, self.jobs = operator, random.Random(seed), jobs
         self.kills = 0
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -67,8 +75,25 @@ class Chaos:
             return 0.0
         return times.user + times.system
 
+    def _held(self) -> int:
+        """How many jobs the running operator says it holds (-1 while it does not say)."""
+        reconciler = self.operator.health().get("reconciler")
+        return int(reconciler.get("jobs", -1)) if isinstance(reconciler, dict) else -1
+
+    def _synced(self) -> bool:
+        """Wait until the operator holds every job (its initial listing done); False once stopped."""
+        deadline = time.monotonic() + SYNC_CAP_S
+        while time.monotonic() < deadline:
+            if self._held() >= self.jobs():
+                return True
+            if self._stop.wait(0.5):
+                return False
+        return True
+
     def _live(self) -> bool:
         """Wait out one life of the operator; False once the chaos is stopped."""
+        if not self._synced():
+            return False
         work, began, started = self.rng.uniform(*WORK_CPU_S), self._cpu(), time.monotonic()
         while not self._stop.wait(0.2):
             if self._cpu() - began >= work or time.monotonic() - started >= LIFE_CAP_S:
@@ -155,7 +180,13 @@ def test_fifty_lifecycles_converge_while_the_operator_is_killed(
         ready = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
         return pods if status.get("state") == "Running" and len(ready) == 2 else None
 
-    with Chaos(robust_operator, seed=7) as chaos:
+    def in_namespace() -> int:
+        try:
+            return len(robust_kube.items(f"/apis/finetune.dev/v1alpha1/namespaces/{chaos_namespace}/finetunejobs"))
+        except Exception:  # the chaos thread's own read: a failed one only skips the wait
+            return 0
+
+    with Chaos(robust_operator, seed=7, jobs=in_namespace) as chaos:
         for first in range(0, LIFECYCLES, WAVE):
             names = [f"job-{i}" for i in range(first, min(first + WAVE, LIFECYCLES))]
             for name in names:

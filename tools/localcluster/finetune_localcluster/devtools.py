@@ -13,6 +13,7 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 import yaml
@@ -59,13 +60,15 @@ class OperatorProcess:
     """Environment variables of the test run the operator must not inherit (e.g. HF_HUB_OFFLINE)."""
     proc: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
+    health_port: int = 0
     master_port: int = 0
     """Rank 0's rendezvous port in the pods, chosen once (a restart keeps the rendered pods'):
     the process node gives pods their own loopback IPs but no network namespace, and torch's
     TCPStore listens on every address, so two clusters on one machine must not share 29500."""
 
     def start(self) -> None:
-        self.metrics_port, health = free_port(), free_port()
+        self.metrics_port = free_port()
+        self.health_port = health = free_port()
         self.master_port = self.master_port or free_port()
         argv = [
             str(REPO / ".venv" / "bin" / "ftjob") if (REPO / ".venv/bin/ftjob").exists() else "ftjob",
@@ -96,6 +99,16 @@ class OperatorProcess:
             return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
         except requests.RequestException:
             return False
+
+    def health(self) -> dict[str, Any]:
+        """What the operator's /healthz says now: kopf's probes by id (`reconciler`: the jobs it
+        holds, the passes due and running); {} while it does not answer."""
+        try:
+            reply = requests.get(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2)
+            body = reply.json() if reply.status_code == 200 else {}
+        except (requests.RequestException, ValueError):
+            return {}
+        return body if isinstance(body, dict) else {}
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
