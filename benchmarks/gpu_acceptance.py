@@ -339,8 +339,8 @@ def train(
     import torch
 
     from benchmarks.gpu_batches import flops_per_token, parameter_count, peak_flops, real_batch
+    from finetune_operator.api.methods import MethodType
     from finetune_operator.api.pod_contract import CheckpointState
-    from finetune_operator.api.spec import MethodType
     from finetune_operator.api.strategy import Strategy
     from finetune_operator.render.deepspeed_config import deepspeed_config
     from finetune_trainer import checkpoint, modeling

@@ -150,7 +150,7 @@ def _rank_main(rank: int, port: int, config_dir: str, method: str, strategy: tup
     hf_config = build_config(model_config_from(config_dir))
     with deepspeed.zero.Init(enabled=strategy[0] == 3, config_dict_or_path=ds_config):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
-    from finetune_operator.api.spec import MethodType
+    from finetune_operator.api.methods import MethodType
 
     if method == MethodType.LORA:
         import peft

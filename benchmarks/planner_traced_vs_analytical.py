@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.models:
         parser.error("--models: name at least one catalogue model")
 
-    from finetune_operator.api.spec import FineTuneJobSpec, MethodType
+    from finetune_operator.api.methods import MethodType
+    from finetune_operator.api.spec import FineTuneJobSpec
     from finetune_operator.plan.activations import activation_bytes
     from finetune_operator.plan.model_source import catalogue_entry
     from finetune_operator.plan.traced import trace_training_step

@@ -36,7 +36,7 @@ GIB = 2**30
 
 
 def manifest(args: argparse.Namespace, method: str, packing: bool, out: Path) -> dict[str, Any]:
-    from finetune_operator.api.spec import MethodType
+    from finetune_operator.api.methods import MethodType
 
     return {
         "apiVersion": "finetune.dev/v1alpha1",

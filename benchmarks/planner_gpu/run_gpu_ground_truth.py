@@ -91,7 +91,8 @@ def model_config(shape: str) -> dict[str, Any]:
 
 
 def spec_for(config_dir: str, case: dict[str, Any]) -> Any:
-    from finetune_operator.api.spec import FineTuneJobSpec, MethodType
+    from finetune_operator.api.methods import MethodType
+    from finetune_operator.api.spec import FineTuneJobSpec
 
     return FineTuneJobSpec.from_wire(
         {
@@ -128,7 +129,7 @@ def run_case(case: dict[str, Any], workdir: Path, on_gpu: bool = True) -> tuple[
     from transformers import AutoModelForCausalLM
 
     from finetune_kernels.chunked_loss import causal_lm_loss, output_head
-    from finetune_operator.api.spec import MethodType
+    from finetune_operator.api.methods import MethodType
     from finetune_operator.plan import plan_job
     from finetune_operator.plan.meta_count import build_config
     from finetune_operator.render.deepspeed_config import deepspeed_config

@@ -1,4 +1,4 @@
-"""Code compares a fine-tuning method with `api.spec.MethodType`, never with its spelling.
+"""Code compares a fine-tuning method with `api.methods.MethodType`, never with its spelling.
 
 The method is an enum of the API; a comparison with the string `"qlora"` keeps working while the
 enum changes under it (a renamed or added member), and a typo in one (`"QLoRA"`) is silently never
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune_operator.api.spec import MethodType
+from finetune_operator.api.methods import MethodType
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = (REPO / "operator" / "finetune_operator", REPO / "trainer_image" / "finetune_trainer", REPO / "benchmarks")

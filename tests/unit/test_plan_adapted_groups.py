@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from finetune_operator.api.spec import MethodType
+from finetune_operator.api.methods import MethodType
 from finetune_operator.plan.memory import persistent_adapter_params
 from finetune_operator.plan.workload import Workload, workload_from_spec
 from tests.factories import make_job

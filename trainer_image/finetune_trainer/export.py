@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from finetune_operator.api.spec import MethodType
+from finetune_operator.api.methods import MethodType
 
 
 def gathered_state_dict(model: Any, rank: int, trainable_only: bool) -> dict[str, Any]:

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from finetune_operator.api.methods import MethodType
 from finetune_operator.api.pod_contract import CheckpointState, TrainingSummary
-from finetune_operator.api.spec import MethodType
 from finetune_operator.api.strategy import Strategy
 
 from . import checkpoint, evaluation, export, leader_work, modeling, preemption, rank_setup, s3_checkpoints, universal

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.lora_rules import UnsupportedSetting, resolve_lora_dropout
+from finetune_operator.api.methods import MethodType
 from finetune_operator.api.model_uri import hub_model
 from finetune_operator.api.pod_contract import TerminationReason
 from finetune_operator.api.pod_env import PodEnv
-from finetune_operator.api.spec import FineTuneJobSpec, MethodType
+from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_operator.api.status import PlanStatus
 
 from . import builtin

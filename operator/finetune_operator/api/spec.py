@@ -35,6 +35,7 @@ from .base import (
     check_node_selector,
     quantity_bytes,
 )
+from .methods import MethodTraits, MethodType, method_traits
 from .object_storage import ObjectStorageSpec, allowed_bucket
 from .pod_template import PodTemplateOverlay
 from .rules import CrossFieldRule, rules_of
@@ -293,12 +294,6 @@ class DatasetSpec(RuledModel):
         return 0.0 if self.validation_uri is not None else DEFAULT_VALIDATION_SPLIT
 
 
-class MethodType(StrEnum):
-    LORA = "lora"
-    QLORA = "qlora"
-    FULL = "full"
-
-
 DEFAULT_LORA_DROPOUT = 0.05
 """LoRA dropout when the spec leaves it unset and the model allows it."""
 
@@ -361,6 +356,11 @@ class MethodSpec(RuledModel):
             check=lambda m: m.type != MethodType.FULL or m.lora is None,
         ),
     )
+
+    @property
+    def traits(self) -> MethodTraits:
+        """What this method trains and how it holds the frozen part (api.methods)."""
+        return method_traits(self.type)
 
     @property
     def lora_or_default(self) -> LoraSpec:

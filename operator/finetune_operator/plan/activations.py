@@ -42,7 +42,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..api.loss_chunks import chunked_loss_bytes
-from ..api.spec import MethodType
 from .activation_traits import FamilyActivationTraits, family_traits
 from .workload import Workload, per_workload
 
@@ -86,7 +85,7 @@ def _norm_bytes(workload: Workload, traits: FamilyActivationTraits) -> int:
     """Per token: every RMSNorm keeps its fp32 input; a trained norm weight also needs the
     normalised input (16-bit, or fp32 where the family scales in fp32)."""
     e, h = workload.param_bytes, workload.shape.hidden_size
-    trained = (4 if traits.fp32_norm_output else e) if workload.method == MethodType.FULL else 0
+    trained = (4 if traits.fp32_norm_output else e) if workload.traits.base_trains else 0
     return (2 + traits.post_norms) * (4 + trained) * h
 
 
@@ -126,7 +125,7 @@ def _qk_norm_bytes(workload: Workload, traits: FamilyActivationTraits) -> int:
     shape, e = workload.shape, workload.param_bytes
     if not any(g.name == "q_norm" and g.part == "decoder" for g in shape.groups):
         return 0
-    trained = (4 if traits.fp32_norm_output else e) if workload.method == MethodType.FULL else 0
+    trained = (4 if traits.fp32_norm_output else e) if workload.traits.base_trains else 0
     return (4 + trained) * (shape.q_dim + shape.kv_dim)
 
 
@@ -150,7 +149,7 @@ def _linear_input_bytes(workload: Workload, traits: FamilyActivationTraits) -> i
     h, q, inter = shape.hidden_size, shape.q_dim, shape.intermediate_size
     dense = shape.num_experts <= 1
     o_copy = e * q if traits.attention_output_copy else 0
-    if workload.method == MethodType.FULL:
+    if workload.traits.base_trains:
         return 2 * e * h + o_copy + (e * inter if dense else 0)
     if workload.lora_dropout > 0:
         return (dropout_mask_bytes(workload) + e) * workload.counts.adapted_inputs_per_layer
@@ -172,7 +171,7 @@ def _mlp_bytes(workload: Workload) -> int:
     h, inter = shape.hidden_size, shape.intermediate_size
     if shape.num_experts <= 1:
         return 3 * e * inter
-    trained = workload.method == MethodType.FULL or workload.adapts_experts
+    trained = workload.traits.base_trains or workload.adapts_experts
     if family_traits(shape).clamped_experts:
         per_expert = 7 * inter + 2 * h if trained else 6 * inter + h
     else:
@@ -186,7 +185,7 @@ def layer_bytes_per_token(workload: Workload) -> float:
     traits = family_traits(workload.shape)
     per_token = _norm_bytes(workload, traits) + _qk_norm_bytes(workload, traits) + _attention_bytes(workload, traits)
     per_token += _linear_input_bytes(workload, traits) + _mlp_bytes(workload)
-    if workload.method != MethodType.FULL:
+    if not workload.traits.base_trains:
         per_token += workload.param_bytes * workload.counts.adapted_ranks_per_layer
     return float(per_token)
 
@@ -203,7 +202,7 @@ def materialised_expert_bytes_per_layer(workload: Workload) -> int:
 def head_gradient_bytes(workload: Workload) -> int:
     """Full fine-tuning: the output head's gradient (the embedding's, when tied), accumulated chunk by
     chunk by the loss and whole before DeepSpeed takes it."""
-    if workload.method != MethodType.FULL:
+    if not workload.traits.base_trains:
         return 0
     shape = workload.shape
     return workload.param_bytes * shape.vocab_size * shape.hidden_size
@@ -253,7 +252,7 @@ def _frozen_first_layer_bytes_per_token(workload: Workload) -> int:
     upstream needs a gradient, so its first norm keeps nothing, nor do dropouts on that norm's
     output keep masks (their dropped copies feed LoRA's A, which keeps them). Without an adapted
     attention input, the attention keeps nothing either."""
-    if workload.method == MethodType.FULL:
+    if workload.traits.base_trains:
         return 0
     shape = workload.shape
     traits = family_traits(shape)
@@ -285,10 +284,10 @@ def _pre_norm_recompute_transient_per_token(workload: Workload) -> int:
     shape, e = workload.shape, workload.param_bytes
     h, inter = shape.hidden_size, shape.intermediate_size
     adapted = _adapted_modules(workload)
-    keeps_inputs = workload.method == MethodType.FULL or workload.lora_dropout == 0
-    keeps_mlp_input = keeps_inputs and (workload.method == MethodType.FULL or bool(adapted & (MLP_INPUTS | {"router"})))
+    keeps_inputs = workload.traits.base_trains or workload.lora_dropout == 0
+    keeps_mlp_input = keeps_inputs and (workload.traits.base_trains or bool(adapted & (MLP_INPUTS | {"router"})))
     keeps_product = shape.num_experts > 1 or (
-        keeps_inputs and (workload.method == MethodType.FULL or "down_proj" in adapted)
+        keeps_inputs and (workload.traits.base_trains or "down_proj" in adapted)
     )
     return e * (4 * h + (0 if keeps_mlp_input else h) + (0 if keeps_product else inter))
 
@@ -297,7 +296,7 @@ def _down_input_bytes_per_token(workload: Workload) -> int:
     """What a dense layer keeps for its down projection's input: the product (trained weight, or
     LoRA without dropout), or LoRA's dropped copy and mask."""
     shape, e = workload.shape, workload.param_bytes
-    if workload.method == MethodType.FULL:
+    if workload.traits.base_trains:
         return e * shape.intermediate_size
     if not any(a.group.name == "down_proj" and a.group.part == "decoder" for a in workload.adapted):
         return 0
@@ -325,11 +324,11 @@ def _backward_peak_bytes(workload: Workload, tokens: int) -> int:
     shape, e = workload.shape, workload.param_bytes
     h, inter, routed = shape.hidden_size, shape.intermediate_size, shape.experts_per_token
     experts = {g.name: g.experts * g.in_features * g.out_features for g in shape.groups if g.kind == "experts"}
-    if workload.method == MethodType.FULL and experts:
+    if workload.traits.base_trains and experts:
         return e * experts["gate_up_proj"] + e * tokens * (h - 2 * routed * inter)
     if not experts:
         product_backward = (e * (3 * inter + h) - _down_input_bytes_per_token(workload)) * tokens
-        if workload.method != MethodType.FULL:
+        if not workload.traits.base_trains:
             return product_backward
         largest = max(
             g.in_features * g.out_features

@@ -6,18 +6,12 @@ change that would not actually fit.
 
 from __future__ import annotations
 
-from ..api.spec import MethodType
 from .candidates import Candidate, Pins, evaluate_all, pick
 from .memory import frozen_weight_bytes
 from .workload import GIB, Workload
 
 MAX_GPU_MULTIPLIER = 64
 MIN_SEQUENCE = 256
-CHEAPER_METHODS = {
-    MethodType.FULL: (MethodType.LORA, MethodType.QLORA),
-    MethodType.LORA: (MethodType.QLORA,),
-}
-"""The methods that need less memory than each, cheapest last."""
 
 
 def _fits(workload: Workload, pins: Pins, budget: float) -> str | None:
@@ -31,7 +25,7 @@ def what_would_fit(
     budget = gpu_memory * margin
     out: list[str] = []
     weights = frozen_weight_bytes(workload) + workload.counts.trainable * workload.param_bytes
-    if weights > budget and workload.method == MethodType.QLORA:
+    if weights > budget and workload.traits.base_quantized:
         out.append(
             f"the 4-bit weights are {weights / GIB:.1f} GiB, more than the {budget / GIB:.1f} GiB usable on one GPU, "
             "and a QLoRA model loads whole on every GPU before ZeRO-3 partitions it (bitsandbytes quantises whole "
@@ -54,8 +48,7 @@ def what_would_fit(
                 f"more GPUs: {bigger.world_size} GPUs (resources.numNodes: {bigger.num_nodes}) would fit with {found}"
             )
             break
-    cheaper = CHEAPER_METHODS.get(workload.method, ())
-    for method in cheaper:
+    for method in workload.traits.lighter:
         found = _fits(workload.with_method(method), pins, budget)
         if found:
             out.append(f"method.type: {method} would fit with {found}")
@@ -78,7 +71,7 @@ def what_would_fit(
             out.append(
                 f"more host memory (resources.memory): training fits, but the final export needs "
                 f"{export / GIB:.1f} GiB more in rank 0's RAM on node 0"
-                + ("" if workload.method == MethodType.FULL else "; or output.mergedModel: false")
+                + ("" if workload.traits.base_trains else "; or output.mergedModel: false")
             )
         else:
             out.append("more host memory (resources.memory): some strategies fit the GPUs but not the host")

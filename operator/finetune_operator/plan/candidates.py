@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..api.spec import FineTuneJobSpec, MethodType
+from ..api.spec import FineTuneJobSpec
 from ..api.strategy import Strategy
 from .comm import StepTime, bytes_per_step, step_time
 from .memory import MemoryEstimate, estimate_memory, frozen_weight_bytes, persisted_param_bytes
@@ -143,7 +143,7 @@ class Candidate:
 def _flops_per_rank(workload: Workload, strategy: Strategy) -> float:
     shape = workload.shape
     tokens = strategy.micro_batch_size * strategy.gradient_accumulation_steps * workload.seq_len
-    passes = 6 if workload.method == MethodType.FULL else 4
+    passes = 6 if workload.traits.base_trains else 4
     passes += 2 if strategy.gradient_checkpointing else 0
     attention = 2 * shape.num_layers * workload.seq_len * shape.q_dim
     return float(tokens * (passes * shape.active_params + passes * attention))

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..api.spec import MethodType
 from ..api.strategy import Strategy
 from .activations import activation_bytes
 from .workload import HOST_BASELINE_PER_RANK, Workload, per_workload
@@ -90,9 +89,9 @@ class MemoryEstimate:
 def frozen_weight_bytes(workload: Workload) -> int:
     """The frozen base in its storage format (NF4 for QLoRA's quantisable linears)."""
     counts = workload.counts
-    if workload.method == MethodType.FULL:
+    if workload.traits.base_trains:
         return 0
-    if workload.method == MethodType.QLORA:
+    if workload.traits.base_quantized:
         quantized = int(counts.quantizable * workload.quantized_bytes_per_param)
         return quantized + (counts.frozen - counts.quantizable) * workload.param_bytes
     return counts.frozen * workload.param_bytes
@@ -161,7 +160,7 @@ def load_peak_bytes(workload: Workload, strategy: Strategy) -> int:
     GPU holds the whole 4-bit model and the 16-bit weights it does not quantise (embeddings, the
     head, norms; the trainer keeps them 16-bit, `modeling.freeze_4bit_base`). Every other plan
     loads partitioned (ZeRO-3) or keeps the whole model for the step anyway: 0."""
-    if workload.method != MethodType.QLORA or strategy.zero_stage != 3:
+    if not workload.traits.base_quantized or strategy.zero_stage != 3:
         return 0
     return int(frozen_weight_bytes(workload) + workload.overhead_bytes)
 
@@ -175,7 +174,7 @@ def export_host_bytes(workload: Workload) -> int:
     adapter alone is its trainable parameters. Strategy-independent: the export runs once, after
     the last step, whatever the sharding."""
     counts, e = workload.counts, workload.param_bytes
-    if workload.method == MethodType.FULL:
+    if workload.traits.base_trains:
         return counts.total * e
     adapter = counts.trainable * e
     return counts.total * e + adapter if workload.merged_export else adapter

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api.spec import FineTuneJobSpec, MethodType
+from ..api.spec import FineTuneJobSpec
 from ..api.status import MemoryBreakdown, PlanStatus, RejectedCandidate
 from .advice import what_would_fit
 from .candidates import Candidate, Pins, evaluate_all, pick
@@ -205,7 +205,7 @@ def traced_activations(spec: FineTuneJobSpec, workload: Workload) -> dict[bool, 
     from .traced import trace_training_step
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(spec.training.precision), torch.float32)
-    lora_r = None if workload.method == MethodType.FULL else workload.lora_r
+    lora_r = None if workload.traits.base_trains else workload.lora_r
     return {
         ckpt: trace_training_step(
             workload.source.config,

@@ -15,7 +15,8 @@ from typing import TypeVar
 
 from ..api.base import quantity_bytes
 from ..api.lora_rules import UnsupportedSetting, resolve_lora_dropout
-from ..api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec, MethodType
+from ..api.methods import MethodTraits, MethodType, method_traits
+from ..api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec
 from .errors import InvalidModelError, PlanningError, UnsupportedSettingError
 from .model_files import not_causal
 from .model_source import ModelSource, resolve_model
@@ -88,7 +89,7 @@ def adapted_groups(
     shape: ArchitectureShape, method: MethodType, lora_r: int, target_modules: Sequence[str]
 ) -> tuple[AdaptedGroup, ...]:
     """The weight groups LoRA with rank `lora_r` on `target_modules` adapts: none in full fine-tuning."""
-    if method == MethodType.FULL:
+    if method_traits(method).base_trains:
         return ()
     return tuple(AdaptedGroup(g, lora_rank(g, lora_r)) for g in shape.groups if is_adapted(g, target_modules))
 
@@ -127,6 +128,11 @@ class Workload:
         object.__setattr__(self, "adapted", adapted)
 
     @property
+    def traits(self) -> MethodTraits:
+        """What the job's method trains and how it holds the frozen part (api.methods)."""
+        return method_traits(self.method)
+
+    @property
     def adapts_experts(self) -> bool:
         """Whether LoRA adapts fused expert weights (peft wraps them as parameters and materialises `W + B·A`)."""
         return any(a.group.kind == "experts" for a in self.adapted)
@@ -152,9 +158,10 @@ class Workload:
 
     def with_method(self, method: MethodType) -> Workload:
         """The same job fine-tuned another way (lora, qlora or full)."""
-        lora_r = None if method == MethodType.FULL else self.lora_r
+        base_trains = method_traits(method).base_trains
+        lora_r = None if base_trains else self.lora_r
         counts = count_parameters(self.shape, lora_r, self.target_modules)
-        dropout = 0.0 if method == MethodType.FULL else (self.lora_dropout or DEFAULT_LORA_DROPOUT)
+        dropout = 0.0 if base_trains else (self.lora_dropout or DEFAULT_LORA_DROPOUT)
         return replace(self, method=method, counts=counts, lora_dropout=dropout)
 
 
@@ -194,7 +201,7 @@ def adapts_fused_experts(shape: ArchitectureShape, target_modules: Sequence[str]
 
 
 def _lora_dropout(spec: FineTuneJobSpec, shape: ArchitectureShape, model: str) -> float:
-    if spec.method.type == MethodType.FULL:
+    if spec.method.traits.base_trains:
         return 0.0
     lora = spec.method.lora_or_default
     fused = adapts_fused_experts(shape, lora.target_modules)
@@ -223,7 +230,7 @@ def workload_from_spec(
         raise InvalidModelError(f"{source.origin}: cannot read the model's architecture: {exc}") from None
     method = MethodType(spec.method.type)
     lora = spec.method.lora_or_default
-    counts = count_parameters(shape, None if method == MethodType.FULL else lora.r, lora.target_modules)
+    counts = count_parameters(shape, None if method_traits(method).base_trains else lora.r, lora.target_modules)
     precision = str(spec.training.precision)
     on_cpu = spec.resources.gpus_per_node == 0
     # a CPU rank computes in the job's precision too; where its CPU has no fp16 it computes in bf16,

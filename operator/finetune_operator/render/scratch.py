@@ -16,7 +16,7 @@ limit and the pod's ephemeral-storage request, so the kubelet places and keeps t
 
 from __future__ import annotations
 
-from ..api.spec import FineTuneJobSpec, MethodType
+from ..api.spec import FineTuneJobSpec
 from ..api.status import PlanStatus
 from ..api.storage_uri import is_s3
 
@@ -30,7 +30,7 @@ def base_weight_bytes_16bit(plan: PlanStatus, spec: FineTuneJobSpec) -> int:
     """The base model's weights in 16 bits, from the plan's per-GPU weight bytes."""
     per_gpu = plan.breakdown.weights
     whole = per_gpu * spec.world_size if plan.zero_stage == 3 else per_gpu
-    return whole * 4 if spec.method.type == MethodType.QLORA else whole  # 4-bit -> 16-bit
+    return whole * 4 if spec.method.traits.base_quantized else whole  # 4-bit -> 16-bit
 
 
 def scratch_bytes(spec: FineTuneJobSpec, plan: PlanStatus) -> int:
@@ -38,7 +38,7 @@ def scratch_bytes(spec: FineTuneJobSpec, plan: PlanStatus) -> int:
     if not is_s3(spec.output.uri):
         return 0
     trainable = plan.trainable_parameters or 0
-    if spec.method.type == MethodType.FULL:
+    if spec.method.traits.base_trains:
         need = trainable * (12 / spec.resources.num_nodes + 2 + 2)
     else:
         need = trainable * 16

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 
 from ..api.job import FineTuneJob
-from ..api.spec import MethodType
 from ..api.status import PlanStatus
 from .object_storage import output_on_s3
 
@@ -44,7 +43,7 @@ def checkpoint_bytes_per_pod(job: FineTuneJob, plan: PlanStatus) -> int:
     two Adam moments (12 bytes a parameter; LoRA and QLoRA save it consolidated on rank 0), and for
     full fine-tuning the optimizer partitions split over the nodes plus the 16-bit weights."""
     trainable = plan.trainable_parameters or 0
-    if job.spec.method.type == MethodType.FULL:
+    if job.spec.method.traits.base_trains:
         return int(trainable * (12 / job.spec.resources.num_nodes + 2))
     return trainable * 12
 

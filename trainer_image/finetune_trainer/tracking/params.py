@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from importlib import metadata
 
-from finetune_operator.api.spec import MethodType
+from finetune_operator.api.methods import MethodType
 from finetune_operator.api.status import PlanStatus
 from finetune_operator.api.strategy import Strategy
 

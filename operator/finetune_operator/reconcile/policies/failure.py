@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ...api import reasons as R
 from ...api.reasons import ConditionType
-from ...api.spec import MethodType, OomAction
+from ...api.spec import OomAction
 from ...api.status import LastFailure, PlanStatus
 from ...api.strategy import Strategy
 from .. import termination
@@ -26,7 +26,7 @@ def _first_failure(pods: tuple[PodView, ...]) -> tuple[PodView, Termination] | N
 
 def _resume_note(inputs: Inputs) -> str:
     """What the new gang does with the checkpoint after a re-plan (the trainer logs the details)."""
-    if inputs.job.spec.method.type == MethodType.FULL:
+    if inputs.job.spec.method.traits.base_trains:
         return (
             "the new gang resumes from the last checkpoint, converted to a universal checkpoint where the "
             "ZeRO stage or world size changed"

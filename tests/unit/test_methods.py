@@ -1,0 +1,56 @@
+"""One descriptor per training method (api.methods): the planner, renderers and policies read its
+traits, and none of them branches on a method's name."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from finetune_operator.api.methods import METHODS, MethodTraits, MethodType, ReferenceModel, method_traits
+from finetune_operator.api.spec import MethodSpec
+
+OPERATOR = Path(__file__).resolve().parents[2] / "operator" / "finetune_operator"
+NAMED = re.compile(r"MethodType\.(LORA|QLORA|FULL)\b")
+MAY_NAME = {
+    "api/methods.py": "the table itself",
+    "api/spec.py": "the CRD's per-type rules (CEL compares type names; their checks mirror them)",
+}
+
+
+def test_every_method_the_api_accepts_has_its_traits() -> None:
+    assert set(METHODS) == set(MethodType)
+    assert all(isinstance(t, MethodTraits) for t in METHODS.values())
+
+
+@pytest.mark.parametrize("method", list(MethodType))
+def test_traits_are_consistent(method: MethodType) -> None:
+    traits = method_traits(method)
+    assert traits is method_traits(str(method)) is MethodSpec(type=method).traits
+    assert traits.has_adapter is not traits.base_trains
+    assert not (traits.base_quantized and traits.base_trains)  # a quantized base is frozen
+    assert method not in traits.lighter and set(traits.lighter) <= set(METHODS)
+    assert traits.sequences_per_example >= 1
+
+
+def test_supervised_methods_are_what_they_were() -> None:
+    lora, qlora, full = (method_traits(m) for m in (MethodType.LORA, MethodType.QLORA, MethodType.FULL))
+    assert (lora.base_trains, lora.base_quantized, lora.has_adapter) == (False, False, True)
+    assert (qlora.base_trains, qlora.base_quantized, qlora.has_adapter) == (False, True, True)
+    assert (full.base_trains, full.base_quantized, full.has_adapter) == (True, False, False)
+    assert {t.reference for t in (lora, qlora, full)} == {ReferenceModel.NONE}
+    assert full.lighter == (MethodType.LORA, MethodType.QLORA) and lora.lighter == (MethodType.QLORA,)
+    assert qlora.lighter == ()
+
+
+def test_no_operator_module_branches_on_a_method_name() -> None:
+    found = []
+    for path in sorted(OPERATOR.rglob("*.py")):
+        rel = path.relative_to(OPERATOR).as_posix()
+        if rel in MAY_NAME:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if NAMED.search(line):
+                found.append(f"{rel}:{number}: {line.strip()}")
+    assert not found, "read api.methods' traits instead:\n" + "\n".join(found)
