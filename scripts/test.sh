@@ -83,6 +83,11 @@ for tier in "${tiers[@]}"; do
 done
 LANE_COUNT=${FTJOB_TEST_LANES:-4}
 [[ $LANE_COUNT == [1234] ]] || { echo "FTJOB_TEST_LANES=$LANE_COUNT: use 1, 2, 3 or 4" >&2; exit 2; }
+# Side by side the lanes hold the load at 12-20 on 2 cores, where a process gets a tenth of a core:
+# every test's timeout and every wait of the local tooling is multiplied by FTJOB_TEST_TIMEOUT_SCALE
+# (3 then; finetune_localcluster.kube.wait_scale). The bounds guard against hangs, they measure no
+# speed; in a CI run of 2026-12-05 a 6.6 CPU-s unit test ran out of its 120 s, a 17 CPU-s one of 300 s.
+if ((LANE_COUNT > 1)); then export FTJOB_TEST_TIMEOUT_SCALE=${FTJOB_TEST_TIMEOUT_SCALE:-3}; fi
 lane_of() {  # lane_of TIER: the lane it runs in
   local lane=${LANE[$1]:-main}
   ((LANE_COUNT <= 3)) && [[ $lane == wait ]] && lane=side

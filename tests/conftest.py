@@ -15,6 +15,29 @@ if TYPE_CHECKING:
     from finetune_localcluster.mlflow_server import MlflowServer
 
 
+def scaled_timeout(item: pytest.Item, default: float, scale: float) -> float | None:
+    """The pytest-timeout bound of `item` times `scale` (its nearest `timeout` marker, else the
+    ini default); None when there is nothing to scale (no bound, or a scale of 1)."""
+    marker = item.get_closest_marker("timeout")
+    seconds = float(marker.args[0]) if marker is not None and marker.args else default
+    if scale <= 1.0 or seconds <= 0:
+        return None
+    return seconds * scale
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test's timeout times FTJOB_TEST_TIMEOUT_SCALE (finetune_localcluster.kube.wait_scale),
+    as the tooling's waits are: test.sh sets it while its lanes share the machine."""
+    from finetune_localcluster.kube import wait_scale
+
+    scale = wait_scale()
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        seconds = scaled_timeout(item, default, scale)
+        if seconds is not None:
+            item.add_marker(pytest.mark.timeout(seconds), append=False)  # the nearest marker wins
+
+
 @pytest.fixture
 def repo_root() -> Path:
     return REPO_ROOT

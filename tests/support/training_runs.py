@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from finetune_localcluster.kube import wait_scale
 from finetune_localcluster.ports import free_port
 from tests.support import fork_server
 
@@ -87,8 +88,9 @@ class Run:
     port: int
 
     def wait(self, timeout: float) -> int:
+        """The run's exit code, waiting at most `timeout` seconds (times `wait_scale()`)."""
         try:
-            return self.proc.wait(timeout=timeout)
+            return self.proc.wait(timeout=timeout * wait_scale())
         except subprocess.TimeoutExpired:
             self.kill()
             raise

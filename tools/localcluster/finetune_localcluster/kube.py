@@ -10,6 +10,7 @@ kubeconfig. Every request has a timeout; the server is always on 127.0.0.1.
 from __future__ import annotations
 
 import base64
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -115,11 +116,27 @@ class Kube:
         self._tmp.cleanup()
 
 
+WAIT_SCALE_ENV = "FTJOB_TEST_TIMEOUT_SCALE"
+"""A multiplier for the bounds of the tests' waits and timeouts (default 1). `scripts/test.sh`
+sets it while its lanes share the machine: a bound guards against a hang, it does not measure
+speed, and at load 16 on 2 cores a process gets a tenth of a core."""
+
+
+def wait_scale() -> float:
+    """FTJOB_TEST_TIMEOUT_SCALE as a number, at least 1 (1 when unset or unreadable)."""
+    try:
+        return max(1.0, float(os.environ.get(WAIT_SCALE_ENV, "1")))
+    except ValueError:
+        return 1.0
+
+
 def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2) -> T:
-    """Poll `check` until it returns something other than None/False; bounded by `timeout`.
+    """Poll `check` until it returns something other than None/False; bounded by `timeout`
+    (times `wait_scale()`).
 
     Returns that value, or raises TimeoutError naming `what` and the last exception seen.
     """
+    timeout *= wait_scale()
     deadline = time.monotonic() + timeout
     last = ""
     while True:
