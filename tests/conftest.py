@@ -10,19 +10,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.factories import REPO_ROOT
+from tests.support.timeouts import scaled_timeout
 
 if TYPE_CHECKING:
     from finetune_localcluster.mlflow_server import MlflowServer
-
-
-def scaled_timeout(item: pytest.Item, default: float, scale: float) -> float | None:
-    """The pytest-timeout bound of `item` times `scale` (its nearest `timeout` marker, else the
-    ini default); None when there is nothing to scale (no bound, or a scale of 1)."""
-    marker = item.get_closest_marker("timeout")
-    seconds = float(marker.args[0]) if marker is not None and marker.args else default
-    if scale <= 1.0 or seconds <= 0:
-        return None
-    return seconds * scale
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from finetune_localcluster.kube import WAIT_SCALE_ENV, wait_for, wait_scale
-from tests.conftest import scaled_timeout
+from tests.support.timeouts import scaled_timeout
 
 
 @pytest.mark.parametrize(("value", "scale"), [(None, 1.0), ("3", 3.0), ("2.5", 2.5), ("0.5", 1.0), ("x", 1.0)])
