@@ -68,7 +68,7 @@ class OperatorProcess:
 
     def start(self) -> None:
         self.metrics_port = free_port()
-        self.health_port = health = free_port()
+        self.health_port = free_port()
         self.master_port = self.master_port or free_port()
         argv = [
             str(REPO / ".venv" / "bin" / "ftjob") if (REPO / ".venv/bin/ftjob").exists() else "ftjob",
@@ -76,7 +76,7 @@ class OperatorProcess:
             "--kubeconfig", str(self.kubeconfig),
             "--metrics-address", "127.0.0.1",
             "--metrics-port", str(self.metrics_port),
-            "--health-port", str(health),
+            "--health-port", str(self.health_port),
             "--interval", "1",
             "--trainer-image", "trainer:test",
             "--master-port", str(self.master_port),
@@ -89,16 +89,13 @@ class OperatorProcess:
         # 180 s: the operator imports ~3.8 CPU-s of modules before it serves /healthz, and at load 20
         # (CI's four lanes on 2 cores) a process gets about a tenth of a core; 60 s ran out there, the
         # chaos test's restarts failed one after another and no life reached its work
-        wait_for(lambda: self._healthy(health), 180, "the operator's liveness endpoint")
+        wait_for(self._healthy, 180, "the operator's liveness endpoint")
 
-    def _healthy(self, port: int) -> bool:
+    def _healthy(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.log_tail()}")
-        try:
-            return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
-        except requests.RequestException:
-            return False
+        return bool(self.health())  # kopf answers with its probes by id: {} only while it does not answer
 
     def health(self) -> dict[str, Any]:
         """What the operator's /healthz says now: kopf's probes by id (`reconciler`: the jobs it
