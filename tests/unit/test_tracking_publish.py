@@ -8,6 +8,7 @@ connections, or accepted ones that never answer.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -188,3 +189,38 @@ def test_a_server_that_refuses_or_hangs_is_failing_and_gets_everything_when_it_a
     assert [m.step for m in client(mlflow_server.url).get_metric_history(sink.run_id, "learning_rate")] == list(
         range(1, 12)
     )
+
+
+def test_a_sink_is_on_the_board_before_its_first_answer(tmp_path: Path) -> None:
+    """Rank 0's metrics list every configured sink from the start (healthy, nothing published),
+    not only once it first answered or failed: a sink that never connects is still visible, and
+    a reader of the board never finds a configured sink missing."""
+    connecting = threading.Event()
+    release = threading.Event()
+
+    class Silent:
+        name = "mlflow"
+
+        def connect(self) -> int:
+            connecting.set()
+            release.wait(30)
+            raise ConnectionRefusedError("no server")
+
+        def publish(self, records: list[Record]) -> None:
+            raise AssertionError("never connected")
+
+        def finish(self, artifacts: list[tuple[Path, str]], pointers: dict[str, str], failed: bool) -> None: ...
+
+        def mark_failed(self) -> None: ...
+
+    status = board(tmp_path)
+    publisher = Publisher(Silent(), journal_path(tmp_path), status).start()
+    try:
+        assert connecting.wait(10)
+        state = status.snapshot().sinks["mlflow"]
+        assert (state.failing, state.published_step, state.pending) == (False, -1, 0)
+        on_disk = TrackingStatus.read(status_path(tmp_path))
+        assert on_disk is not None and on_disk.sinks["mlflow"].published_step == -1
+    finally:
+        release.set()
+        publisher.stop()

@@ -58,6 +58,7 @@ class Publisher:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"tracking-{sink.name}", daemon=True)
+        board.update_sink(sink.name, force=True)  # listed (healthy, nothing published) before its first answer
 
     def start(self) -> Publisher:
         self._thread.start()
