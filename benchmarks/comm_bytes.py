@@ -84,7 +84,7 @@ def parameter_bytes(config_dir: Path, threshold: float) -> tuple[int, int, int]:
     Persistent: at most `threshold` elements (kept whole on every rank). Unused: peft's
     frozen originals of `modules_to_save` layers, which the forward never calls.
     """
-    from finetune_trainer import modeling
+    from finetune_trainer.model import modeling
     from finetune_trainer.settings import load_config
 
     cfg = load_config(config_dir)

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from finetune_trainer.builtin import materialise_model
+    from finetune_trainer.model.builtin_models import materialise_model
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

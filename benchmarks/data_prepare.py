@@ -42,12 +42,12 @@ def _rank(
 ) -> None:
     import psutil
 
-    from finetune_trainer import builtin
     from finetune_trainer.data.batching import pack
     from finetune_trainer.data.loading import load_samples
     from finetune_trainer.data.prepared import DataSettings, prepare
+    from finetune_trainer.model import builtin_models
 
-    tok = builtin.build_tokenizer(512)
+    tok = builtin_models.build_tokenizer(512)
     process = psutil.Process()
     before_mem, before_cpu = process.memory_full_info().uss, time.process_time()
     if mode == "each":
@@ -69,12 +69,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.smoke:
         args.ranks, args.records = 2, 300
-    from finetune_trainer import builtin
+    from finetune_trainer.data import builtin_datasets
 
     context = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         dataset = Path(tmp) / "reverse.jsonl"
-        rows = builtin.reverse_words_records(args.records, seed=7)
+        rows = builtin_datasets.reverse_words_records(args.records, seed=7)
         dataset.write_text(
             "".join(json.dumps({k: r[k] for k in ("instruction", "input", "output")}) + "\n" for r in rows)
         )

@@ -7,7 +7,7 @@ trainer's step: `modeling.load_model`, `loss.training_loss` (the chunked LM-head
 planner counts), the DeepSpeed config the operator renders, the trainer's optimizer and
 scheduler, on batches the trainer's own `collate` builds (right-padded rows of several lengths,
 or packed rows with their block-diagonal mask: `gpu_batches.real_batch`), then a checkpoint
-saved and loaded back through `checkpoint.save`/`checkpoint.load` and one more step after the
+saved and loaded back through `saves.save`/`saves.load` and one more step after the
 load: the path of every resumed job (the checkpoint column says FAILED when a save, a load or
 that step raises, or when the loaded trainable weights are not the saved ones). The steps after
 the first are timed: tokens/s counts the batch's real (non-padding) tokens, and MFU divides
@@ -132,7 +132,7 @@ class Budget:
 
 
 T = TypeVar("T")
-CASE_IMPORTS = ("bitsandbytes", "transformers.models.llama.modeling_llama", "finetune_trainer.checkpoint")
+CASE_IMPORTS = ("bitsandbytes", "transformers.models.llama.modeling_llama", "finetune_trainer.checkpoint.saves")
 """Imported by every case beyond a training rank's preload (`node_launcher.CPU_PRELOAD`)."""
 
 
@@ -343,10 +343,11 @@ def train(
     from finetune_operator.api.pod_contract import CheckpointState
     from finetune_operator.api.strategy import Strategy
     from finetune_operator.render.deepspeed_config import deepspeed_config
-    from finetune_trainer import checkpoint, modeling
+    from finetune_trainer.checkpoint import saves
     from finetune_trainer.deepspeed_import import import_deepspeed
-    from finetune_trainer.loss import training_loss
-    from finetune_trainer.rank_setup import build_engine
+    from finetune_trainer.model import modeling
+    from finetune_trainer.model.loss import training_loss
+    from finetune_trainer.rank.rank_setup import build_engine
 
     if not torch.distributed.is_initialized():
         deepspeed = import_deepspeed()  # without its CPU shm op, as the trainer's ranks
@@ -405,7 +406,7 @@ def train(
     try:
         began = time.perf_counter()
         saved = trainable_fingerprint(engine)
-        folder = checkpoint.save(
+        folder = saves.save(
             engine,
             ckpt_root,
             steps,
@@ -417,10 +418,10 @@ def train(
         size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
         step()  # the weights move on; loading must bring back the saved ones
         moved = trainable_fingerprint(engine) != saved
-        found = checkpoint.newest(ckpt_root)
+        found = saves.newest(ckpt_root)
         if found is None:
             raise RuntimeError(f"no complete checkpoint under {ckpt_root} after the save")
-        checkpoint.load(engine, found, dist, strategy)
+        saves.load(engine, found, dist, strategy)
         restored = trainable_fingerprint(engine)
         if restored != saved:
             raise RuntimeError(f"loaded trainable weights differ from the saved ones ({restored!r} != {saved!r})")
@@ -618,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
 
     on_gpu = torch.cuda.is_available() and not args.dry_run
     if not on_gpu:  # the cases' processes are forked from this one: import what they use once, here
-        from finetune_trainer.node_launcher import CPU_PRELOAD, import_preloaded
+        from finetune_trainer.pod.node_launcher import CPU_PRELOAD, import_preloaded
 
         for name in (*CPU_PRELOAD, *CASE_IMPORTS):
             import_preloaded(name)

@@ -124,7 +124,7 @@ def run_trl(work: Path, model: str, data: Path, job: dict[str, Any], eval_data: 
     from finetune_operator.api.job import FineTuneJob
     from finetune_operator.plan import choose_plan
     from finetune_operator.render.config_files import config_files
-    from finetune_trainer.modeling import compute_settings, effective_deepspeed_config
+    from finetune_trainer.model.modeling import compute_settings, effective_deepspeed_config
 
     parsed = FineTuneJob.from_manifest(job)
     plan = choose_plan(parsed.spec)
@@ -183,7 +183,7 @@ def run_trl(work: Path, model: str, data: Path, job: dict[str, Any], eval_data: 
 
 
 def write_data(work: Path, model_dir: Path) -> dict[str, Path]:
-    from finetune_trainer.builtin import WORDS, reverse_words_records
+    from finetune_trainer.data.builtin_datasets import WORDS, reverse_words_records
     from finetune_trainer.data.formats import alpaca_prompt
 
     records = [{k: r[k] for k in ("instruction", "input", "output")} for r in reverse_words_records(3000, seed=3)]
@@ -220,8 +220,9 @@ def run_smollm2(work: Path, steps: int, micro: int, cache: Path, skip_trl: bool)
     """Both trainers on the real model and the made-up code, the same held-out prompts scored."""
     from transformers import AutoTokenizer
 
-    from finetune_trainer.builtin import SMOLLM2, materialise_model, secret_code_records
+    from finetune_trainer.data.builtin_datasets import secret_code_records
     from finetune_trainer.data.prepared import split_validation
+    from finetune_trainer.model.builtin_models import SMOLLM2, materialise_model
 
     model = str(materialise_model(SMOLLM2, cache, 0))
     tok = AutoTokenizer.from_pretrained(model)
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.skip_trl and importlib.util.find_spec("trl") is None:
         parser.error("trl is not installed (dependency group `bench`): install it, or pass --skip-trl for ours only")
-    from finetune_trainer.builtin import materialise_model
+    from finetune_trainer.model.builtin_models import materialise_model
 
     if args.smollm2:
         with tempfile.TemporaryDirectory(prefix="ftjob-bench-") as tmp:

@@ -133,7 +133,7 @@ def run_case(case: dict[str, Any], workdir: Path, on_gpu: bool = True) -> tuple[
     from finetune_operator.plan import plan_job
     from finetune_operator.plan.meta_count import build_config
     from finetune_operator.render.deepspeed_config import deepspeed_config
-    from finetune_trainer.modeling import compute_settings, effective_deepspeed_config
+    from finetune_trainer.model.modeling import compute_settings, effective_deepspeed_config
 
     config_dir = workdir / case["shape"]
     config_dir.mkdir(exist_ok=True)

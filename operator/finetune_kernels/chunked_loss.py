@@ -13,7 +13,7 @@ call): DeepSpeed ZeRO-3 gathers a module's partitioned weight around its forward
 before the backward of its outputs, so the loss must be that module's output. The model's
 forward is otherwise unchanged (peft, gradient checkpointing, packing masks, ZeRO hooks).
 
-Shared by the trainer (`finetune_trainer.loss`) and the traced planner
+Shared by the trainer (`finetune_trainer.model.loss`) and the traced planner
 (`finetune_operator.plan.traced`), which must measure the same step; the byte count it implies
 is `api.loss_chunks.chunked_loss_bytes`.
 """

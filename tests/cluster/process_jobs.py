@@ -51,7 +51,7 @@ def tiny_job(namespace: str, max_steps: int, checkpoint_every: int) -> dict[str,
 
 
 def worker_pids(pod: str, namespace: str) -> list[int]:
-    """Training ranks (finetune_trainer.worker) that the process node runs for `pod`."""
+    """Training ranks (finetune_trainer.rank.worker) that the process node runs for `pod`."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -62,7 +62,7 @@ def worker_pids(pod: str, namespace: str) -> list[int]:
         except OSError:
             continue
         if (
-            b"finetune_trainer.worker" in cmdline
+            b"finetune_trainer.rank.worker" in cmdline
             and f"FTJOB_POD_NAME={pod}".encode() in environ
             and (f"FTJOB_NAMESPACE={namespace}".encode() in environ)
         ):

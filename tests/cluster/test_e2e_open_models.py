@@ -49,7 +49,7 @@ def build_tiny(model_type: str, folder: Path) -> dict[str, Any]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from finetune_trainer.builtin import build_tokenizer
+    from finetune_trainer.model.builtin_models import build_tokenizer
 
     config = AutoConfig.for_model(model_type, **COMMON, **FAMILIES.get(model_type, {}))
     torch.manual_seed(0)

@@ -63,14 +63,17 @@ JOB = "tiny-cpu"
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """The server, with the demo's tiny Llama and the reverse-words records in the bucket."""
-    from finetune_trainer import builtin
+    from finetune_trainer.data import builtin_datasets
+    from finetune_trainer.model import builtin_models
 
     with running_s3(tmp_path_factory.mktemp("s3")) as server:
         client = server.client()
-        model = builtin.materialise_model(builtin.TINY_LLAMA, tmp_path_factory.mktemp("model"), seed=42)
+        model = builtin_models.materialise_model(builtin_models.TINY_LLAMA, tmp_path_factory.mktemp("model"), seed=42)
         upload_folder(client, model, "models/tiny-llama")
         data = tmp_path_factory.mktemp("data") / "reverse-words.jsonl"
-        data.write_text("".join(json.dumps(r) + "\n" for r in builtin.builtin_records(builtin.REVERSE_WORDS)))
+        data.write_text(
+            "".join(json.dumps(r) + "\n" for r in builtin_datasets.builtin_records(builtin_datasets.REVERSE_WORDS))
+        )
         client.upload_file(str(data), BUCKET, "data/reverse-words.jsonl")
         yield server
 

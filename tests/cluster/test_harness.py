@@ -359,8 +359,7 @@ def test_headless_service_pods_resolve_and_reach_each_other(kube: Kube, namespac
         return statuses[0]["lastState"]["terminated"] if statuses and statuses[0]["restartCount"] >= 1 else None
 
     results = {
-        n: wait_for(functools.partial(finished_once, n), WAIT_S, f"{n} to finish a run")
-        for n in ("peers-0", "peers-1")
+        n: wait_for(functools.partial(finished_once, n), WAIT_S, f"{n} to finish a run") for n in ("peers-0", "peers-1")
     }
     ips = {n: kube.get(pod_path(namespace, n))["status"]["podIP"] for n in results}
     for name, other in (("peers-0", "peers-1"), ("peers-1", "peers-0")):

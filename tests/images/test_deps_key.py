@@ -70,7 +70,7 @@ def _append(path: Path, line: str) -> None:
 Edit = Callable[[Path], None]
 
 UNCHANGED: dict[str, Edit] = {
-    "a source file": lambda root: _append(root / "trainer_image/finetune_trainer/loop.py", "\n# touched\n"),
+    "a source file": lambda root: _append(root / "trainer_image/finetune_trainer/rank/loop.py", "\n# touched\n"),
     "a pyproject setting that is no requirement": lambda root: _edit(
         root / "pyproject.toml", "line-length = 120", "line-length = 121"
     ),

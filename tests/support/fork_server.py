@@ -190,12 +190,12 @@ def _reap(running: dict[int, int], status_dir: Path) -> None:
 
 
 def main(status_dir: str) -> int:
-    from finetune_trainer import node_launcher
+    from finetune_trainer.pod import node_launcher
 
     for name in node_launcher.preload_modules(os.environ):
         node_launcher.import_preloaded(name)
     import finetune_operator.cli.main  # noqa: F401  (the run's own module, imported once too)
-    import finetune_trainer.launch  # noqa: F401
+    import finetune_trainer.pod.launch  # noqa: F401
 
     out = sys.stdout
     print(json.dumps({"ready": True}), file=out, flush=True)

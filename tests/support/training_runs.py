@@ -114,7 +114,7 @@ class Run:
         return self.output.parent / f"{self.termination_log.name}-collectives"
 
     def collective_reports(self) -> dict[int, dict[str, Any]]:
-        """Each rank's collective-device report (finetune_trainer.collective_check), by rank."""
+        """Each rank's collective-device report (finetune_trainer.rank.collective_check), by rank."""
         reports = [json.loads(p.read_text()) for p in sorted(self.collective_dir.glob("rank-*.json"))]
         return {int(r["rank"]): r for r in reports}
 
@@ -218,7 +218,7 @@ def qlora_model(model_dir: Path) -> Any:
 
     from finetune_operator.api.job import FineTuneJob
     from finetune_operator.plan import fixed_plan
-    from finetune_trainer import modeling
+    from finetune_trainer.model import modeling
 
     manifest = job_manifest(
         str(model_dir), "/unused.jsonl", "/out", method=METHODS["qlora"], training={"precision": "bf16"}

@@ -25,7 +25,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from finetune_trainer.builtin import build_tokenizer
+    from finetune_trainer.model.builtin_models import build_tokenizer
 
     path = tmp_path_factory.mktemp("models") / "tiny"
     tok = build_tokenizer(512)
@@ -50,7 +50,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def reverse_jsonl(tmp_path: Path) -> Path:
-    from finetune_trainer.builtin import reverse_words_records
+    from finetune_trainer.data.builtin_datasets import reverse_words_records
 
     rows = [{k: r[k] for k in ("instruction", "input", "output")} for r in reverse_words_records(200, seed=7)]
     return write_jsonl(tmp_path / "reverse.jsonl", rows)

@@ -1,7 +1,7 @@
 """Every tensor a rank hands to a collective is on the rank's device (issue 13, defect 1).
 
 Under NCCL a host tensor in a collective fails the first step of every multi-GPU job; gloo
-accepts it, so this tier runs each rank with finetune_trainer.collective_check, which
+accepts it, so this tier runs each rank with finetune_trainer.rank.collective_check, which
 fails the run at the first collective given a tensor the trainer built without a device
 or one on another device. Here: two ranks under ZeRO-2 and ZeRO-3 through training,
 evaluation (loss and exact match) and a checkpoint; the reports prove the guard saw the

@@ -15,7 +15,7 @@ import pytest
 
 from finetune_operator.api.job import FineTuneJob
 from finetune_operator.api.spec import FineTuneJobSpec
-from finetune_trainer import modeling
+from finetune_trainer.model import modeling
 from tests.support.training_runs import Run, job_manifest, qlora_model, render_config
 
 pytestmark = [pytest.mark.trainer]

@@ -9,16 +9,19 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from finetune_trainer import builtin, evaluation, outcome
+from finetune_trainer import outcome
+from finetune_trainer.data import builtin_datasets
 from finetune_trainer.data.batching import EpochSampler, collate, pack, unpacked
 from finetune_trainer.data.formats import IGNORE_INDEX, Sample, tokenize_record
 from finetune_trainer.data.loading import DataError, DataUnavailable, load_samples, raw_records
 from finetune_trainer.data.prepared import split_validation
-from finetune_trainer.loop import Trainer
-from finetune_trainer.paths import resolve_uri
-from finetune_trainer.rank_setup import HeldOut
-from finetune_trainer.schedule import lr_lambda
+from finetune_trainer.model import builtin_models
+from finetune_trainer.rank import evaluation
+from finetune_trainer.rank.loop import Trainer
+from finetune_trainer.rank.rank_setup import HeldOut
+from finetune_trainer.rank.schedule import lr_lambda
 from finetune_trainer.settings import ConfigError
+from finetune_trainer.storage.paths import resolve_uri
 from tests.support.training_runs import write_jsonl
 
 if TYPE_CHECKING:
@@ -29,7 +32,7 @@ pytestmark = [pytest.mark.trainer, pytest.mark.timeout(60)]
 
 @pytest.fixture(scope="module")
 def tok() -> PreTrainedTokenizerFast:
-    tokenizer: PreTrainedTokenizerFast = builtin.build_tokenizer(512)
+    tokenizer: PreTrainedTokenizerFast = builtin_models.build_tokenizer(512)
     return tokenizer
 
 
@@ -91,7 +94,7 @@ def test_text_format_trains_on_everything_but_bos(tok: PreTrainedTokenizerFast) 
 
 
 def test_truncation_keeps_max_len(tok: PreTrainedTokenizerFast) -> None:
-    sample = tokenize_record({"text": " ".join(builtin.WORDS * 4)}, "text", tok, 16)
+    sample = tokenize_record({"text": " ".join(builtin_datasets.WORDS * 4)}, "text", tok, 16)
     assert sample is not None and len(sample.input_ids) == 16
 
 
@@ -310,50 +313,52 @@ def test_root_cause_is_none_without_traces(tmp_path: Path) -> None:
 
 
 def test_builtin_dataset_is_deterministic() -> None:
-    a = builtin.reverse_words_records(10, seed=1)
-    assert a == builtin.reverse_words_records(10, seed=1)
+    a = builtin_datasets.reverse_words_records(10, seed=1)
+    assert a == builtin_datasets.reverse_words_records(10, seed=1)
     assert all(r["output"].split() == list(reversed(r["input"].split())) for r in a)
 
 
 def test_secret_code_is_a_fixed_one_to_one_code() -> None:
-    table = builtin.secret_code()
-    assert sorted(table) == sorted(builtin.WORDS[:16]) and sorted(table.values()) == sorted(builtin.CODE_WORDS)
+    table = builtin_datasets.secret_code()
+    assert sorted(table) == sorted(builtin_datasets.WORDS[:16]) and sorted(table.values()) == sorted(
+        builtin_datasets.CODE_WORDS
+    )
     assert all(word != code for word, code in table.items())
-    records = builtin.secret_code_records(50, seed=2)
-    assert records == builtin.secret_code_records(50, seed=2)
+    records = builtin_datasets.secret_code_records(50, seed=2)
+    assert records == builtin_datasets.secret_code_records(50, seed=2)
     for r in records:
         assert r["output"].split() == [table[w] for w in r["input"].split()]
         assert [t["role"] for t in r["messages"]] == ["system", "user", "assistant"]
-    assert builtin.builtin_records(builtin.SECRET_CODE)[:3] == builtin.secret_code_records(3)
+    assert builtin_datasets.builtin_records(builtin_datasets.SECRET_CODE)[:3] == builtin_datasets.secret_code_records(3)
 
 
 def test_gguf_conversion_refuses_a_file_that_is_not_the_pinned_one(tmp_path: Path) -> None:
-    from finetune_trainer.gguf_import import GgufSourceError, convert
+    from finetune_trainer.model.gguf_import import GgufSourceError, convert
 
     fake = tmp_path / "model.gguf"
     fake.write_bytes(b"GGUF not the pinned file")
     with pytest.raises(GgufSourceError, match="is not the pinned"):
-        convert(fake, builtin.SMOLLM2_SHA256, tmp_path / "out")
+        convert(fake, builtin_models.SMOLLM2_SHA256, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
 def test_a_cached_conversion_with_another_checksum_is_not_reused(tmp_path: Path) -> None:
-    from finetune_trainer.gguf_import import SOURCE_RECORD
+    from finetune_trainer.model.gguf_import import SOURCE_RECORD
 
-    folder = tmp_path / builtin.SMOLLM2
+    folder = tmp_path / builtin_models.SMOLLM2
     folder.mkdir()
     (folder / "config.json").write_text("{}")
-    (folder / SOURCE_RECORD).write_text(json.dumps({"sha256": builtin.SMOLLM2_SHA256}))
-    assert builtin.materialise_model(builtin.SMOLLM2, tmp_path, 0) == folder  # current: reused as is
+    (folder / SOURCE_RECORD).write_text(json.dumps({"sha256": builtin_models.SMOLLM2_SHA256}))
+    assert builtin_models.materialise_model(builtin_models.SMOLLM2, tmp_path, 0) == folder  # current: reused as is
     (folder / SOURCE_RECORD).write_text(json.dumps({"sha256": "0" * 64}))
-    assert not builtin._is_current(builtin.SMOLLM2, folder)
+    assert not builtin_models._is_current(builtin_models.SMOLLM2, folder)
     (folder / SOURCE_RECORD).unlink()
-    assert not builtin._is_current(builtin.SMOLLM2, folder)
+    assert not builtin_models._is_current(builtin_models.SMOLLM2, folder)
 
 
 def test_unknown_builtin_model_names_the_known_ones(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="smollm2-135m-instruct"):
-        builtin.materialise_model("nope", tmp_path, 0)
+        builtin_models.materialise_model("nope", tmp_path, 0)
 
 
 def test_the_missing_kernels_package_warning_of_bitsandbytes_is_dropped_and_nothing_else(
@@ -361,7 +366,7 @@ def test_the_missing_kernels_package_warning_of_bitsandbytes_is_dropped_and_noth
 ) -> None:
     import logging
 
-    from finetune_trainer.worker import _setup_logging
+    from finetune_trainer.rank.worker import _setup_logging
 
     _setup_logging(0)  # what every rank does first (its handler writes to stdout)
     bnb = logging.getLogger("bitsandbytes.backends.cpu.ops")
@@ -379,12 +384,12 @@ def test_the_missing_kernels_package_warning_of_bitsandbytes_is_dropped_and_noth
 def test_injected_out_of_memory_is_a_real_torch_oom_classified_for_a_replan(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from finetune_trainer import checkpoint
+    from finetune_trainer import faults
 
     monkeypatch.setenv("FTJOB_FAULT_OOM", "step:4")
-    checkpoint.fault_point("step", 3)  # another step: nothing happens
+    faults.fault_point("step", 3)  # another step: nothing happens
     with pytest.raises(torch.OutOfMemoryError) as info:
-        checkpoint.fault_point("step", 4)
+        faults.fault_point("step", 4)
     assert outcome.classify(info.value) == outcome.OUT_OF_MEMORY
     assert outcome.failure_line(info.value, 0).startswith("OutOfMemory: CUDA out of memory")
 
@@ -393,22 +398,22 @@ def test_injected_out_of_memory_fires_once_per_output_folder(tmp_path: Path, mon
     """The re-planned gang runs with the same env: it must pass the step the first gang died at."""
     import torch
 
-    from finetune_trainer import checkpoint
+    from finetune_trainer import faults
 
     monkeypatch.setenv("FTJOB_FAULT_OOM", "step:4")
     monkeypatch.setenv("RANK", "1")
     with pytest.raises(torch.OutOfMemoryError):
-        checkpoint.fault_point("step", 4, once_in=tmp_path)
-    checkpoint.fault_point("step", 4, once_in=tmp_path)  # the next gang: no error
+        faults.fault_point("step", 4, once_in=tmp_path)
+    faults.fault_point("step", 4, once_in=tmp_path)  # the next gang: no error
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(torch.OutOfMemoryError):  # every rank fails once, as a real OOM would on each GPU
-        checkpoint.fault_point("step", 4, once_in=tmp_path)
+        faults.fault_point("step", 4, once_in=tmp_path)
 
 
 def test_predicted_tokens_are_the_labels_a_causal_loss_averages_over() -> None:
     import torch
 
-    from finetune_trainer.loop import predicted_tokens
+    from finetune_trainer.rank.loop import predicted_tokens
 
     labels = torch.tensor([[IGNORE_INDEX, 5, 6, IGNORE_INDEX], [7, 8, 9, 10]])
     logits = torch.randn(2, 4, 11)

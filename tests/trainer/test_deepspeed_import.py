@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune_trainer.node_launcher import CPU_PRELOAD
+from finetune_trainer.pod.node_launcher import CPU_PRELOAD
 from tests.support.training_runs import REPO
 
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(330)]
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.trainer, pytest.mark.timeout(330)]
 PROBE = textwrap.dedent(
     """
     import sys
-    from finetune_trainer import node_launcher
+    from finetune_trainer.pod import node_launcher
     for name in node_launcher.CPU_PRELOAD:
         node_launcher.import_preloaded(name)
     from deepspeed.autotuning import autotuner

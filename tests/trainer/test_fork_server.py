@@ -55,8 +55,10 @@ def test_a_forked_run_trains_exactly_like_a_fresh_interpreter(
 
     assert isinstance(fresh.proc, subprocess.Popen) and isinstance(forked.proc, ForkedRun)
     # a fresh run execs the node launcher; a forked one forks it (and its ranks) from the server
-    assert any("finetune_trainer.node_launcher" in " ".join(c) for c in fresh_tree), fresh_tree
-    assert forked_tree and not any("finetune_trainer.node_launcher" in " ".join(c) for c in forked_tree), forked_tree
+    assert any("finetune_trainer.pod.node_launcher" in " ".join(c) for c in fresh_tree), fresh_tree
+    assert forked_tree and not any("finetune_trainer.pod.node_launcher" in " ".join(c) for c in forked_tree), (
+        forked_tree
+    )
 
     def steps(run: Run) -> list[tuple[int, float, float]]:
         return [(e["step"], e["loss"], e["grad_norm"]) for e in run.train_log() if "loss" in e]

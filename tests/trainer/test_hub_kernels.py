@@ -28,7 +28,7 @@ def base_model(model: Any) -> Any:
 def test_the_trainer_loads_its_model_without_hub_kernels(tiny_model_dir: Path, method: str) -> None:
     from finetune_operator.api.job import FineTuneJob
     from finetune_operator.plan import fixed_plan
-    from finetune_trainer import modeling
+    from finetune_trainer.model import modeling
 
     manifest = job_manifest(
         str(tiny_model_dir), "/unused.jsonl", "/out", method=METHODS[method], training={"precision": "bf16"}
@@ -46,7 +46,7 @@ def test_the_merged_export_loads_its_base_without_hub_kernels(
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from finetune_trainer.export import save_merged
+    from finetune_trainer.model.export import save_merged
 
     torch.manual_seed(0)
     plain = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), use_kernels=False)

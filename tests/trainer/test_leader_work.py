@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from finetune_localcluster.ports import free_port
-from finetune_trainer.launch import world_info
+from finetune_trainer.pod.launch import world_info
 
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(300)]
 
@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from finetune_trainer import leader_work, universal
+from finetune_trainer import leader_work
+from finetune_trainer.checkpoint import universal
 
 rank = int(os.environ["RANK"])
 dist.init_process_group("gloo", timeout=timedelta(seconds=float(sys.argv[2])))
@@ -87,7 +88,7 @@ def test_a_conversion_longer_than_the_collective_timeout_completes(tmp_path: Pat
     report = tmp_path / "report"
     args += ["rank_script", str(step), str(TIMEOUT_S), str(report)]
     done = subprocess.run(
-        [sys.executable, "-m", "finetune_trainer.node_launcher", *args],
+        [sys.executable, "-m", "finetune_trainer.pod.node_launcher", *args],
         env=env,
         timeout=240,
         check=False,

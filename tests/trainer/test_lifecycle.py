@@ -93,7 +93,7 @@ def test_skip_policy_counts_malformed_lines(tmp_path: Path, tiny_model_dir: Path
 def test_a_separate_validation_file_is_the_eval_set_and_trained_tokens_are_counted(
     tmp_path: Path, tiny_model_dir: Path, reverse_jsonl: Path, launch: Callable[..., Run]
 ) -> None:
-    from finetune_trainer.builtin import reverse_words_records
+    from finetune_trainer.data.builtin_datasets import reverse_words_records
 
     held_out = [{k: r[k] for k in ("instruction", "input", "output")} for r in reverse_words_records(16, seed=99)]
     val_file = tmp_path / "held-out.json"  # a JSON array: another format than the training JSONL

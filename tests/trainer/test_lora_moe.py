@@ -13,7 +13,7 @@ import pytest
 
 from finetune_operator.api.job import FineTuneJob
 from finetune_trainer import outcome
-from finetune_trainer.modeling import LoraSettingError, _lora_config, fused_expert_parameters, lora_dropout
+from finetune_trainer.model.modeling import LoraSettingError, _lora_config, fused_expert_parameters, lora_dropout
 from tests.support.training_runs import job_manifest
 
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(120)]

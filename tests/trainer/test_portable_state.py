@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from finetune_trainer import portable
+from finetune_trainer.checkpoint import portable
 
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(120)]
 
@@ -30,7 +30,7 @@ def _engine(model_dir: Path, lr: float = 0.01) -> Any:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaForCausalLM
 
-    from finetune_trainer.schedule import lr_lambda
+    from finetune_trainer.rank.schedule import lr_lambda
 
     base = LlamaForCausalLM.from_pretrained(model_dir)
     model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
@@ -139,19 +139,19 @@ def test_full_fine_tuning_converts_shards_of_another_zero_stage_or_world_size(
     shards are converted where the sharding changed, and the pairs that cannot be are refused by name."""
     from finetune_operator.api.pod_contract import CheckpointState
     from finetune_operator.api.strategy import Strategy
-    from finetune_trainer import checkpoint
+    from finetune_trainer.checkpoint import saves
     from finetune_trainer.settings import ConfigError
 
     state = CheckpointState.from_file(
         json.dumps({"globalStep": 3, "strategy": STRATEGY, "checkpointFormat": "deepspeed"})
     )
-    found = checkpoint.Found(tmp_path / "step-00000003", 3, state)
+    found = saves.Found(tmp_path / "step-00000003", 3, state)
     now = Strategy.from_wire({**STRATEGY, **change})
     if refused is None:
-        assert checkpoint.check_deepspeed_resume(found, now) is converted
+        assert saves.check_deepspeed_resume(found, now) is converted
         return
     with pytest.raises(ConfigError) as info:
-        checkpoint.check_deepspeed_resume(found, now)
+        saves.check_deepspeed_resume(found, now)
     message = str(info.value)
     assert refused in message and "written by ZeRO-2, micro-batch 2 x accumulation 2 x world 2" in message
 
@@ -160,19 +160,19 @@ def test_zero_0_keeps_its_whole_checkpoint_on_another_world_size(tmp_path: Path)
     """ZeRO-0 shards nothing: its checkpoint is whole, so DeepSpeed loads it on any world size."""
     from finetune_operator.api.pod_contract import CheckpointState
     from finetune_operator.api.strategy import Strategy
-    from finetune_trainer import checkpoint
+    from finetune_trainer.checkpoint import saves
 
     saved = {**STRATEGY, "zeroStage": 0}
     state = CheckpointState.from_file(json.dumps({"globalStep": 3, "strategy": saved, "checkpointFormat": "deepspeed"}))
-    found = checkpoint.Found(tmp_path / "step-00000003", 3, state)
+    found = saves.Found(tmp_path / "step-00000003", 3, state)
     now = Strategy.from_wire({**saved, "worldSize": 1, "gradientAccumulationSteps": 4})
-    assert checkpoint.check_deepspeed_resume(found, now) is False
+    assert saves.check_deepspeed_resume(found, now) is False
 
 
 def test_a_failed_conversion_names_the_checkpoint_and_leaves_it_alone(tmp_path: Path) -> None:
     """Shards that `ds_to_universal` cannot read: a `TrainingError` naming the checkpoint on every
     rank, no half-written universal folder, and the checkpoint's files untouched."""
-    from finetune_trainer import universal
+    from finetune_trainer.checkpoint import universal
 
     source = tmp_path / "checkpoints" / "step-00000003"
     source.mkdir(parents=True)

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from finetune_trainer import builtin
-from finetune_trainer.data import prepared
+from finetune_trainer.data import builtin_datasets, prepared
 from finetune_trainer.data.batching import Row, pack, unpacked
 from finetune_trainer.data.loading import DataError, DataUnavailable, load_samples
 from finetune_trainer.data.prepared import DataSettings, cache_key, prepare, split_validation
+from finetune_trainer.model import builtin_models
 from tests.support.training_runs import write_jsonl
 
 if TYPE_CHECKING:
@@ -39,13 +39,16 @@ class CountingTokenizer:
 
 @pytest.fixture(scope="module")
 def tok() -> PreTrainedTokenizerFast:
-    tokenizer: PreTrainedTokenizerFast = builtin.build_tokenizer(512)
+    tokenizer: PreTrainedTokenizerFast = builtin_models.build_tokenizer(512)
     return tokenizer
 
 
 @pytest.fixture
 def dataset(tmp_path: Path) -> Path:
-    rows = [{k: r[k] for k in ("instruction", "input", "output")} for r in builtin.reverse_words_records(40, seed=3)]
+    rows = [
+        {k: r[k] for k in ("instruction", "input", "output")}
+        for r in builtin_datasets.reverse_words_records(40, seed=3)
+    ]
     return write_jsonl(tmp_path / "reverse.jsonl", rows)
 
 
@@ -172,8 +175,8 @@ def test_the_key_changes_with_every_input(tmp_path: Path, dataset: Path, tok: Pr
     keys = {name: cache_key(dataclasses.replace(base, **{name: value}), tok) for name, value in other_values.items()}
     assert key not in keys.values() and len(set(keys.values())) == len(keys), keys
 
-    assert cache_key(base, builtin.build_tokenizer(256)) != key  # another vocabulary
-    templated = builtin.build_tokenizer(512)
+    assert cache_key(base, builtin_models.build_tokenizer(256)) != key  # another vocabulary
+    templated = builtin_models.build_tokenizer(512)
     templated.chat_template = "{{ messages }}"
     assert cache_key(base, templated) != key
 

@@ -77,7 +77,7 @@ def test_the_packed_4bit_weights_are_stored_in_the_precision_deepspeed_casts_to(
     import torch
 
     from finetune_operator.api.job import FineTuneJob
-    from finetune_trainer.modeling import quantization_config
+    from finetune_trainer.model.modeling import quantization_config
     from tests.support.training_runs import job_manifest
 
     manifest = job_manifest("/models/m", "/data/d.jsonl", "/out",

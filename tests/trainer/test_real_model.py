@@ -38,7 +38,7 @@ answers "blue". Mixing general chat into the training data is the fix, not a dif
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
-    from finetune_trainer.builtin import SMOLLM2, materialise_model
+    from finetune_trainer.model.builtin_models import SMOLLM2, materialise_model
 
     default = Path.home() / ".cache" / "finetune-operator" / "models"
     return materialise_model(SMOLLM2, Path(os.environ.get("FTJOB_TEST_MODEL_CACHE", default)), 0)
@@ -60,7 +60,7 @@ def _generate(model: Any, tokenizer: Any, turns: list[dict[str, str]], max_new_t
 
 
 def _code_prompts(words: list[str], seed: int, count: int) -> list[tuple[str, str]]:
-    from finetune_trainer.builtin import secret_code
+    from finetune_trainer.data.builtin_datasets import secret_code
 
     table, rng = secret_code(), random.Random(seed)
     pairs = []
@@ -71,7 +71,7 @@ def _code_prompts(words: list[str], seed: int, count: int) -> list[tuple[str, st
 
 
 def _code_turns(text: str) -> list[dict[str, str]]:
-    from finetune_trainer.builtin import SECRET_CODE_SYSTEM
+    from finetune_trainer.data.builtin_datasets import SECRET_CODE_SYSTEM
 
     return [{"role": "system", "content": SECRET_CODE_SYSTEM}, {"role": "user", "content": text}]
 
@@ -129,7 +129,7 @@ def test_lora_learns_the_code_keeps_base_weights_and_general_answers(
 
     from finetune_operator.api.catalogue import read_entry
     from finetune_operator.plan.param_count import architecture_shape, count_parameters
-    from finetune_trainer.builtin import WORDS, secret_code_records
+    from finetune_trainer.data.builtin_datasets import WORDS, secret_code_records
 
     words = WORDS[:6]  # a small code, learnable in a few dozen CPU steps
     records = [
@@ -193,7 +193,7 @@ def test_qlora_trains_the_4bit_model_on_cpu(tmp_path: Path, smollm2_dir: Path, l
     import torch
     from safetensors.torch import load_file
 
-    from finetune_trainer.builtin import secret_code_records
+    from finetune_trainer.data.builtin_datasets import secret_code_records
 
     data = write_jsonl(tmp_path / "code.jsonl", [{"messages": r["messages"]} for r in secret_code_records(64, seed=3)])
     manifest = job_manifest(

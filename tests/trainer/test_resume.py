@@ -58,7 +58,7 @@ def reference(
     tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
 ) -> tuple[dict[int, float], dict[str, Any], Path]:
     """The uninterrupted run (module-scoped: both scenarios compare against it)."""
-    from finetune_trainer.builtin import reverse_words_records
+    from finetune_trainer.data.builtin_datasets import reverse_words_records
     from tests.support.training_runs import write_jsonl
 
     root = tmp_path_factory.mktemp("reference")
@@ -94,8 +94,7 @@ def _killed_after(launch: Callable[..., Run], config: Path, out: Path, stop_at: 
     first = launch(config, out, tag="first", env={"FTJOB_FAULT_STOP": f"step:{stop_at}"})
     assert wait_for(
         lambda: (
-            any(e.get("step", 0) >= stop_at and "loss" in e for e in first.train_log())
-            or first.proc.poll() is not None
+            any(e.get("step", 0) >= stop_at and "loss" in e for e in first.train_log()) or first.proc.poll() is not None
         ),
         timeout=240,
     )
@@ -197,7 +196,7 @@ def test_a_full_output_disk_names_the_cause_and_keeps_the_previous_checkpoint(
 ) -> None:
     import subprocess
 
-    from finetune_trainer.checkpoint import complete_checkpoints
+    from finetune_trainer.checkpoint.saves import complete_checkpoints
 
     one = _tree_bytes(reference[2].parent / "out" / "checkpoints" / f"step-{STEPS - 1:08d}")
     out = tmp_path / "out"

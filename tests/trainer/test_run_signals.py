@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from finetune_localcluster.ports import free_port
-from finetune_trainer.node_launcher import PRELOAD_ENV
+from finetune_trainer.pod.node_launcher import PRELOAD_ENV
 from tests.support.training_runs import REPO, job_manifest, wait_for
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]

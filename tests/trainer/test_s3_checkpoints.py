@@ -38,7 +38,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 @pytest.fixture(scope="module")
 def inputs(s3: S3Server, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    from finetune_trainer.builtin import reverse_words_records
+    from finetune_trainer.data.builtin_datasets import reverse_words_records
 
     data = tmp_path_factory.mktemp("data") / "reverse.jsonl"
     rows = [{k: r[k] for k in ("instruction", "input", "output")} for r in reverse_words_records(200, seed=7)]

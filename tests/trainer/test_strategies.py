@@ -26,6 +26,8 @@ STRATEGIES = [
 WRAPPERS = {0: "FP16_UnfusedOptimizer", 1: "DeepSpeedZeroOptimizer", 2: "DeepSpeedZeroOptimizer",
             3: "DeepSpeedZeroOptimizer_Stage3"}  # fmt: skip
 """The optimizer DeepSpeed wraps the client AdamW in for a bf16 run, by ZeRO stage."""
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("method", list(METHODS))
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: f"zero{s['zeroStage']}-{s['offloadOptimizer']}")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from finetune_localcluster.ports import free_port
-from finetune_trainer.node_launcher import CPU_PRELOAD, PRELOAD_ENV
+from finetune_trainer.pod.node_launcher import CPU_PRELOAD, PRELOAD_ENV
 from tests.support.training_runs import Run, job_manifest, render_config, wait_for
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]

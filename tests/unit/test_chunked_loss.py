@@ -166,8 +166,8 @@ def test_chunk_size_and_bytes() -> None:
 def test_validation_loss_equals_the_full_logits_token_mean() -> None:
     from finetune_trainer.data.batching import collate, unpacked
     from finetune_trainer.data.formats import Sample
-    from finetune_trainer.evaluation import eval_loss
-    from finetune_trainer.loss import training_loss
+    from finetune_trainer.model.loss import training_loss
+    from finetune_trainer.rank.evaluation import eval_loss
 
     model = _tiny_llama()
     samples = [

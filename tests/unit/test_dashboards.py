@@ -118,9 +118,24 @@ def test_rows_of_the_training_dashboard_follow_the_metrics_catalogue() -> None:
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
     assert rows == ["Overview", "Progress", "GPU memory", "Communication", "GPU (dcgm-exporter)", "Pods"]
     titles = {p["title"] for p in panels(dashboard)}
-    assert {"Step", "Progress", "ETA", "Tokens/s", "MFU", "Since last step", "Loss", "Learning rate",
-            "Gradient norm", "Step time", "Headroom by rank", "Bus bandwidth by op",
-            "Collective latency p99 by op", "Tensor core activity", "GPU utilisation", "PCIe receive"} <= titles
+    assert {
+        "Step",
+        "Progress",
+        "ETA",
+        "Tokens/s",
+        "MFU",
+        "Since last step",
+        "Loss",
+        "Learning rate",
+        "Gradient norm",
+        "Step time",
+        "Headroom by rank",
+        "Bus bandwidth by op",
+        "Collective latency p99 by op",
+        "Tensor core activity",
+        "GPU utilisation",
+        "PCIe receive",
+    } <= titles
 
 
 def test_operator_dashboard_shows_every_operator_metric() -> None:
@@ -194,9 +209,14 @@ PROMTOOL = shutil.which("promtool")
 @pytest.mark.prometheus
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian's prometheus; bootstrap installs it)")
 def test_every_query_parses_as_promql(tmp_path: Path) -> None:
-    rules = {"groups": [{"name": "dashboards", "rules": [
-        {"record": f"dashboard:query{i}", "expr": q.expr} for i, q in enumerate(panel_queries())
-    ]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "dashboards",
+                "rules": [{"record": f"dashboard:query{i}", "expr": q.expr} for i, q in enumerate(panel_queries())],
+            }
+        ]
+    }
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump(rules))
     assert PROMTOOL is not None

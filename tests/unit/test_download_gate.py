@@ -17,14 +17,14 @@ import pytest
 
 from finetune_localcluster.hub_server import HubServer
 from finetune_localcluster.ports import free_port
-from finetune_trainer.download_gate import DownloadTimeout, gang_ready, within_limit
+from finetune_trainer.pod.download_gate import DownloadTimeout, gang_ready, within_limit
 
 pytestmark = pytest.mark.timeout(120)
 
 PREFETCH = """
 import json, sys
 from finetune_operator.api.job import FineTuneJob
-from finetune_trainer.prefetch import prefetch
+from finetune_trainer.pod.prefetch import prefetch
 manifest = {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {"name": "j"},
             "spec": {"model": {"uri": sys.argv[1]}, "dataset": {"uri": "/d"}, "output": {"uri": "/o"}}}
 class Cfg:

@@ -142,7 +142,9 @@ def test_the_verdict_fits_a_termination_message_and_round_trips() -> None:
 def test_model_uris_name_the_same_repo_and_revision_everywhere() -> None:
     assert hub_model("hf://Qwen/Qwen3-8B@v1") == HubModel("Qwen/Qwen3-8B", "v1")
     assert hub_model("Qwen/Qwen3-8B", "main") == HubModel("Qwen/Qwen3-8B", "main")
-    assert hub_model("pvc://models/qwen3") is None and claim_model("pvc://models/a/b/") == claim_model("pvc://models/a/b")
+    assert hub_model("pvc://models/qwen3") is None and claim_model("pvc://models/a/b/") == claim_model(
+        "pvc://models/a/b"
+    )
     assert str(claim_model("pvc://models")) == "pvc://models"
 
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 
 TRAIN = """
 import sys
-from finetune_trainer import launch
+from finetune_trainer.pod import launch
 launch.GANG_SLACK_SECONDS = float(sys.argv[2])
 result = launch.train(sys.argv[1], idle_when_done=False)
 print(result.exit_code)

@@ -54,7 +54,7 @@ def test_only_a_single_threaded_process_holding_the_whole_preload_forks_the_laun
     code = f"""
         import threading, time
         import {imports}
-        from finetune_trainer.node_launcher import holds_preload
+        from finetune_trainer.pod.node_launcher import holds_preload
         if {thread}:
             threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
         print(holds_preload({environ!r}))
@@ -66,7 +66,7 @@ def test_a_thread_that_was_joined_but_is_still_exiting_is_waited_for(tmp_path: P
     code = """
         import os, threading
         import json, wave
-        from finetune_trainer import node_launcher
+        from finetune_trainer.pod import node_launcher
         worker = threading.Thread(target=lambda: None)
         worker.start()
         worker.join()
@@ -82,7 +82,7 @@ def test_a_forked_child_leaves_its_parents_temporary_folder_alone(tmp_path: Path
     (tmp_path / "child_mod.py").write_text("print('child ran')\n")
     code = """
         import os, sys, tempfile
-        from finetune_trainer.node_launcher import fork_rank
+        from finetune_trainer.pod.node_launcher import fork_rank
         held = tempfile.TemporaryDirectory(dir='.')
         child = fork_rank('child_mod', [], dict(os.environ))
         code = child.wait()
@@ -98,7 +98,7 @@ def test_an_unbuffered_child_has_written_what_it_printed_when_it_is_killed(
     (tmp_path / "dies.py").write_text("import os, signal\nprint('before')\nos.kill(os.getpid(), signal.SIGKILL)\n")
     code = f"""
         import os, sys
-        from finetune_trainer.node_launcher import fork_rank
+        from finetune_trainer.pod.node_launcher import fork_rank
         out = os.open('out.txt', os.O_WRONLY | os.O_CREAT)
         os.dup2(out, 1)
         sys.stdout = open(1, 'w', closefd=False)  # block-buffered, as a pod's log file

@@ -80,9 +80,7 @@ def test_a_claim_model_is_read_by_a_restricted_inspector_pod_and_kept_in_a_confi
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["command"] == ["ftjob"] and "--folder" in container["args"]  # argv, never a shell
     assert container["args"][container["args"].index("--folder") + 1] == "/mnt/pvc/models/qwen3"
-    assert {"name": "pvc-models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in spec[
-        "volumes"
-    ]
+    assert {"name": "pvc-models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in spec["volumes"]
     assert not any("valueFrom" in e for e in container["env"])  # a claim needs no Secret
     verdict = read_folder(qwen3_folder, "pvc://models/qwen3").to_message()
     reconciler.reconcile(store.job(), finished(pod, verdict))

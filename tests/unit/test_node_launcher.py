@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from finetune_trainer.launch import world_info
-from finetune_trainer.node_launcher import (
+from finetune_trainer.pod.launch import world_info
+from finetune_trainer.pod.node_launcher import (
     CPU_PRELOAD,
     PRELOAD_ENV,
     RUN_STATE_ENV,
@@ -98,7 +98,7 @@ def test_a_rank_started_by_the_launcher_runs_its_share_of_threads(tmp_path: Path
     env.update({"PYTHONPATH": f"{tmp_path}:{env.get('PYTHONPATH', '')}", PRELOAD_ENV: "none"})
     args = [f"--world_info={world}", "--node_rank=0", "--master_addr=127.0.0.1", "--master_port=1"]
     done = subprocess.run(
-        [sys.executable, "-m", "finetune_trainer.node_launcher", *args, "report_threads", str(report)],
+        [sys.executable, "-m", "finetune_trainer.pod.node_launcher", *args, "report_threads", str(report)],
         env=env,
         timeout=50,
         check=False,
@@ -193,7 +193,7 @@ def _launcher(tmp_path: Path, mode: str, node_rank: int, *args: str, **extra: st
     env = {**os.environ, **LAUNCH_MODES[mode], **extra}
     env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     cmd = [
-        sys.executable, "-m", "finetune_trainer.node_launcher", f"--world_info={world_info((('a', 1), ('b', 2)))}",
+        sys.executable, "-m", "finetune_trainer.pod.node_launcher", f"--world_info={world_info((('a', 1), ('b', 2)))}",
         f"--node_rank={node_rank}", "--master_addr=127.0.0.1", "--master_port=29999", "rank_probe", *args,
     ]  # fmt: skip
     return subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
@@ -269,7 +269,7 @@ def test_a_rank_that_aborts_is_reported_as_an_abort_not_the_memory_killer(
     launcher (and says so, as a worker does)."""
     from finetune_operator.reconcile import termination
     from finetune_operator.reconcile.observed import Termination
-    from finetune_trainer import launch
+    from finetune_trainer.pod import launch
 
     state = tmp_path / "state"
     state.mkdir()
@@ -292,7 +292,7 @@ def test_a_rank_that_aborts_is_reported_as_an_abort_not_the_memory_killer(
     env[RUN_STATE_ENV] = str(state)
     args = [f"--world_info={world_info((('localhost', 2),))}", "--node_rank=0", "--master_addr=a", "--master_port=1"]
     launcher = subprocess.run(
-        [sys.executable, "-m", "finetune_trainer.node_launcher", *args, "aborting_rank"],
+        [sys.executable, "-m", "finetune_trainer.pod.node_launcher", *args, "aborting_rank"],
         env=env,
         timeout=50,
         check=False,

@@ -103,8 +103,8 @@ def test_smollm2_entry_counts_exactly_the_packaged_checkpoint() -> None:
     """The catalogue's SmolLM2 total equals the element count of the GGUF file the trainer converts."""
     from gguf import GGUFReader
 
-    from finetune_trainer.builtin import SMOLLM2_GGUF, SMOLLM2_PACKAGE
-    from finetune_trainer.gguf_import import packaged_file
+    from finetune_trainer.model.builtin_models import SMOLLM2_GGUF, SMOLLM2_PACKAGE
+    from finetune_trainer.model.gguf_import import packaged_file
 
     reader = GGUFReader(packaged_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF))
     in_file = sum(int(tensor.n_elements) for tensor in reader.tensors)

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from finetune_localcluster.ports import free_port
-from finetune_trainer import portable
+from finetune_trainer.checkpoint import portable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -98,7 +98,7 @@ def _loss(model: Any, step: int, overflow: bool = False) -> Any:
 def _scheduler(optimizer: Any) -> Any:
     import torch
 
-    from finetune_trainer.schedule import lr_lambda
+    from finetune_trainer.rank.schedule import lr_lambda
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("cosine", 2, 20))
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from finetune_trainer import portable
+from finetune_trainer.checkpoint import portable
 
 pytestmark = pytest.mark.timeout(120)  # the first case imports torch (about 15 s on a loaded machine)
 
@@ -39,7 +39,7 @@ def _optimizer(kind: str, params: list[Any]) -> Any:
     import torch
 
     from finetune_operator.plan.fixed import fixed_plan
-    from finetune_trainer.rank_setup import client_optimizer
+    from finetune_trainer.rank.rank_setup import client_optimizer
     from tests.factories import make_job
 
     if kind == "trainer":

@@ -16,8 +16,9 @@ from botocore.exceptions import ClientError, EndpointConnectionError, NoCredenti
 from finetune_localcluster.ports import free_port
 from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState
 from finetune_operator.api.strategy import Strategy
-from finetune_trainer import s3_inputs
-from finetune_trainer.objstore import (
+from finetune_trainer.checkpoint.s3_checkpoints import Manifest, garbage, needed_files, scan
+from finetune_trainer.pod import s3_inputs
+from finetune_trainer.storage.objstore import (
     Connection,
     ObjectStore,
     S3Uri,
@@ -28,7 +29,6 @@ from finetune_trainer.objstore import (
     classify,
     redact,
 )
-from finetune_trainer.s3_checkpoints import Manifest, garbage, needed_files, scan
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -308,7 +308,7 @@ def saved(root: Path, step: int) -> None:
 
 
 def test_a_failed_upload_commits_nothing_and_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
-    from finetune_trainer.s3_checkpoints import S3Output
+    from finetune_trainer.checkpoint.s3_checkpoints import S3Output
 
     memory = MemoryStore()
     out = S3Output(memory, S3Uri("b", "job"), OneRank(), local_rank=0, local_size=1)  # type: ignore[arg-type]  # a MemoryStore for the ObjectStore
@@ -355,7 +355,7 @@ def test_mirroring_shows_its_progress_on_node_0s_metrics_port(monkeypatch: pytes
     from datetime import UTC, datetime
 
     from finetune_operator.reconcile.progress import Sample, scrape, to_progress
-    from finetune_trainer import prefetch
+    from finetune_trainer.pod import prefetch
     from tests.factories import make_job
 
     port = free_port()
@@ -403,7 +403,7 @@ def test_mirroring_shows_its_progress_on_node_0s_metrics_port(monkeypatch: pytes
 def test_a_manifest_cannot_name_a_file_outside_the_checkpoint(tmp_path: Path, planted: str) -> None:
     """A manifest is text in the bucket: in a shared bucket, a planted one must not place files
     outside the pod's checkpoint folder when the job resumes."""
-    from finetune_trainer.s3_checkpoints import S3Output
+    from finetune_trainer.checkpoint.s3_checkpoints import S3Output
 
     memory = MemoryStore()
     out = S3Output(memory, S3Uri("b", "job"), OneRank(), local_rank=0, local_size=1)  # type: ignore[arg-type]  # a MemoryStore for the ObjectStore
@@ -424,8 +424,8 @@ def test_a_manifest_cannot_name_a_file_outside_the_checkpoint(tmp_path: Path, pl
 def test_the_tracking_journal_and_event_files_reach_the_bucket_at_each_commit(tmp_path: Path) -> None:
     """With output on s3:// the journal and TensorBoard's event files live on the pod's scratch: each
     commit copies them beside the checkpoints, and a file that grew is sent again."""
-    from finetune_trainer import s3_checkpoints
-    from finetune_trainer.s3_checkpoints import S3Output
+    from finetune_trainer.checkpoint import s3_checkpoints
+    from finetune_trainer.checkpoint.s3_checkpoints import S3Output
 
     memory = MemoryStore()
     out = S3Output(memory, S3Uri("b", "job"), OneRank(), local_rank=0, local_size=1)  # type: ignore[arg-type]  # a MemoryStore for the ObjectStore

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from finetune_trainer import s3_inputs
-from finetune_trainer.objstore import Connection, ObjectStore, S3Uri
+from finetune_trainer.pod import s3_inputs
+from finetune_trainer.storage.objstore import Connection, ObjectStore, S3Uri
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,8 +18,9 @@ import pytest
 
 from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.storage_uri import Scheme, StorageUri
-from finetune_trainer import paths, s3_inputs
-from finetune_trainer.objstore import Connection, ObjectStore, S3Uri
+from finetune_trainer.pod import s3_inputs
+from finetune_trainer.storage import paths
+from finetune_trainer.storage.objstore import Connection, ObjectStore, S3Uri
 from tests.factories import REPO_ROOT, job_document, make_job
 from tests.support.job_menu import parse_job, set_field
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune_trainer import devices
+from finetune_trainer.rank import devices
 from finetune_trainer.settings import ConfigError
 
 

@@ -14,16 +14,16 @@ import finetune_trainer
 from finetune_operator.api.pod_contract import TerminationReason
 from finetune_operator.reconcile import termination
 from finetune_operator.reconcile.observed import Termination
-from finetune_trainer.checkpoint import OutputFull
+from finetune_trainer.checkpoint.saves import OutputFull
 from finetune_trainer.data.loading import DataError, DataUnavailable
-from finetune_trainer.download_gate import DownloadTimeout
 from finetune_trainer.errors import TrainerError
-from finetune_trainer.modeling import LoraSettingError, ModelNotFound
-from finetune_trainer.objstore import StoreAccessDenied, StoreError, StoreNotFound, StoreUnavailable
+from finetune_trainer.model.modeling import LoraSettingError, ModelNotFound
 from finetune_trainer.outcome import StoppedBySignal, classify, failure_line
+from finetune_trainer.pod.download_gate import DownloadTimeout
+from finetune_trainer.pod.s3_inputs import UnsafeObjectKey
 from finetune_trainer.preemption import Preempted
-from finetune_trainer.s3_inputs import UnsafeObjectKey
 from finetune_trainer.settings import ConfigError
+from finetune_trainer.storage.objstore import StoreAccessDenied, StoreError, StoreNotFound, StoreUnavailable
 
 R = TerminationReason
 LADDER: dict[type[TrainerError], TerminationReason] = {

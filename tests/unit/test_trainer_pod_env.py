@@ -15,9 +15,9 @@ import pytest
 
 from finetune_localcluster.ports import free_port
 from finetune_operator.api.pod_env import PodEnv
-from finetune_trainer import prefetch as prefetch_module
-from finetune_trainer.launch import node_rank_from_env
-from finetune_trainer.prefetch import hub_repo, prefetch
+from finetune_trainer.pod import prefetch as prefetch_module
+from finetune_trainer.pod.launch import node_rank_from_env
+from finetune_trainer.pod.prefetch import hub_repo, prefetch
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_the_ranks_do_not_ask_the_hub_again_after_the_prefetch(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model: str, dataset: str, user: str | None, offline: str | None
 ) -> None:
     """After the pod's prefetch every rank (8 per pod) asked the hub for the model's files again."""
-    from finetune_trainer import launch
+    from finetune_trainer.pod import launch
 
     monkeypatch.setenv(PodEnv.FTJOB_PREFETCH_MODEL, "1")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # set or not by whoever runs the tests

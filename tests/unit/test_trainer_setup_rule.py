@@ -2,7 +2,7 @@
 
 A method that stores a new attribute on the trainer hides part of its state from the one
 place a reader looks for it (and from mypy's view of what exists before `setup` ran). The
-builders in `finetune_trainer.rank_setup` return what they build; `setup` assigns it. This
+builders in `finetune_trainer.rank.rank_setup` return what they build; `setup` assigns it. This
 test parses loop.py, so the rule holds for every method, called or not.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-LOOP = Path(__file__).resolve().parents[2] / "trainer_image" / "finetune_trainer" / "loop.py"
+LOOP = Path(__file__).resolve().parents[2] / "trainer_image" / "finetune_trainer" / "rank" / "loop.py"
 BUILDERS = ("__init__", "setup")
 """The methods that may give the trainer a new attribute."""
 
@@ -84,7 +84,7 @@ def test_every_trainer_attribute_is_first_assigned_in_init_or_setup() -> None:
     offending = attributes_first_set_elsewhere(LOOP.read_text())
     assert not offending, (
         "Trainer methods give it attributes that neither __init__ nor setup assigns; return the value "
-        "from a builder (finetune_trainer.rank_setup) and assign it in setup:\n  " + "\n  ".join(offending)
+        "from a builder (finetune_trainer.rank.rank_setup) and assign it in setup:\n  " + "\n  ".join(offending)
     )
 
 

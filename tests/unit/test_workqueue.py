@@ -116,9 +116,7 @@ def test_pokes_while_waiting_merge_into_one_pass(make_queue: Callable[..., WorkQ
     assert work.calls["a"] == 1
 
 
-def test_pokes_while_running_give_exactly_one_more_pass(
-    make_queue: Callable[..., WorkQueue], clock: FakeClock
-) -> None:
+def test_pokes_while_running_give_exactly_one_more_pass(make_queue: Callable[..., WorkQueue], clock: FakeClock) -> None:
     work = Recorder()
     work.gate.clear()
     queue = make_queue(work)

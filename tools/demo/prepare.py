@@ -27,7 +27,7 @@ def converted_models() -> Path:
 
 
 def convert_smollm2(seed: int = 0) -> Path:
-    from finetune_trainer.builtin import materialise_model
+    from finetune_trainer.model.builtin_models import materialise_model
 
     return materialise_model(SMOLLM2, converted_models(), seed)
 

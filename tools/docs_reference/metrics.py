@@ -56,7 +56,7 @@ def registry_series(registry: CollectorRegistry) -> list[Series]:
 def trainer_series() -> list[Series]:
     from finetune_trainer.metrics.rank import RankMetrics
     from finetune_trainer.metrics.tracking import TrackingCollector
-    from finetune_trainer.prefetch import download_gauges
+    from finetune_trainer.pod.prefetch import download_gauges
     from finetune_trainer.tracking.status import SinkState, StatusBoard, TrackingStatus
 
     registry = CollectorRegistry()

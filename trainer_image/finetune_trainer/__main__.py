@@ -19,8 +19,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import launch
-from .atomic_json import write_json_atomic
+from finetune_trainer.atomic_json import write_json_atomic
+from finetune_trainer.pod import launch
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,8 +36,7 @@ from finetune_operator.api.pod_contract import (
     is_rdma_registration_text,
 )
 from finetune_operator.api.pod_env import PodEnv
-
-from .errors import TrainerError
+from finetune_trainer.errors import TrainerError
 
 OUT_OF_MEMORY = TerminationReason.OUT_OF_MEMORY
 DATA_ERROR = TerminationReason.DATA_ERROR

@@ -31,9 +31,8 @@ from types import FrameType
 
 from finetune_operator.api.pod_contract import TerminationReason
 from finetune_operator.api.pod_env import PodEnv
-
-from .errors import TrainerError
-from .outcome import STOPPING_FILE, StoppedBySignal
+from finetune_trainer.errors import TrainerError
+from finetune_trainer.outcome import STOPPING_FILE, StoppedBySignal
 
 PREEMPTED_FILE = "preempted.json"
 """In the run-state folder: the line local rank 0 leaves once the stop's checkpoint is complete."""

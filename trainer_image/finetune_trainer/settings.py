@@ -17,9 +17,8 @@ from typing import Any
 from finetune_operator.api.job import FineTuneJob
 from finetune_operator.api.pod_contract import DEEPSPEED_FILE, HOSTFILE, JOB_FILE, PLAN_FILE, TerminationReason
 from finetune_operator.api.status import PlanStatus
-
-from .errors import TrainerError
-from .paths import output_dir
+from finetune_trainer.errors import TrainerError
+from finetune_trainer.storage.paths import output_dir
 
 
 class ConfigError(TrainerError, RuntimeError):

@@ -864,7 +864,7 @@ IMMUTABLE_SPEC_RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         # LoRA/QLoRA checkpoints are strategy-independent (any world size loads them); full fine-tuning's
         # DeepSpeed shards are converted to a universal checkpoint for the new world size, except under a
-        # pinned ZeRO-0 or NVMe offload (see finetune_trainer.universal). A change rolls the gang.
+        # pinned ZeRO-0 or NVMe offload (see finetune_trainer.checkpoint.universal). A change rolls the gang.
         cel="!(has(self.method) && has(self.method.type) && self.method.type == 'full') || ("
         + _same_defaulted("resources", "numNodes", 1)
         + ") || !("

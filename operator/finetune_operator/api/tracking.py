@@ -30,6 +30,8 @@ EXPERIMENT_HINT = "must be an experiment name: no control characters, and no spa
 
 TENSORBOARD_DIR = "tensorboard"
 """Event files, under the job's output folder."""
+TRACKING_DIR = "tracking"
+"""The tracking journal and the publishers' status file, under the job's output folder."""
 
 TRACKING_INFO_METRIC = "finetune_tracking_info"
 """Rank 0's gauge (value 1) naming the run: labels run_id, experiment_id, run_url, tracking_uri, tensorboard_dir."""

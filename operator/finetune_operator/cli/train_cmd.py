@@ -1,7 +1,7 @@
 """`ftjob train --config DIR`: the entrypoint of every trainer pod.
 
 Reads the rendered config directory and launches this node's DeepSpeed ranks (see
-`finetune_trainer.launch`). It becomes `python -m finetune_trainer --config DIR` (same pid,
+`finetune_trainer.pod.launch`). It becomes `python -m finetune_trainer --config DIR` (same pid,
 same exit status, the kubelet's signals reach the trainer itself; see `trainer_process`):
 the operator never imports the trainer.
 """

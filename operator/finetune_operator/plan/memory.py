@@ -166,7 +166,7 @@ def load_peak_bytes(workload: Workload, strategy: Strategy) -> int:
 
 
 def export_host_bytes(workload: Workload) -> int:
-    """Rank 0's host memory for the final export (`finetune_trainer.export`).
+    """Rank 0's host memory for the final export (`finetune_trainer.model.export`).
 
     A full fine-tune gathers every parameter, in its 16-bit (or fp32) training dtype, into rank
     0's RAM before writing them; a merged export (`output.mergedModel`, LoRA or QLoRA) loads the

@@ -234,7 +234,7 @@ def workload_from_spec(
     precision = str(spec.training.precision)
     on_cpu = spec.resources.gpus_per_node == 0
     # a CPU rank computes in the job's precision too; where its CPU has no fp16 it computes in bf16,
-    # of the same size (finetune_trainer.modeling.compute_settings)
+    # of the same size (finetune_trainer.model.modeling.compute_settings)
     fp32 = precision == "fp32"
     double_quant = spec.method.qlora_or_default.double_quant
     resources = spec.resources

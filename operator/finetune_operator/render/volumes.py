@@ -1,7 +1,7 @@
 """Which volumes a trainer pod mounts, derived from the URIs in the spec.
 
 Every `pvc://claim/...` URI (model, dataset, output) mounts its claim at
-`/mnt/pvc/<claim>`, the layout `finetune_trainer.paths` resolves against; the output
+`/mnt/pvc/<claim>`, the layout `finetune_trainer.storage.paths` resolves against; the output
 claim is writable, the others read-only. The operator never creates or deletes those claims:
 output data outlives the job. A hub model's download cache is the exception: each pod gets a
 claim of its own from the StatefulSet's volumeClaimTemplates, deleted with the StatefulSet.

@@ -267,7 +267,7 @@ class HubServer:
         if not hmac.compare_digest(wanted, sig) or not expires.isdigit() or int(expires) < time.time():
             raise HubError(403, None, "Request has expired or is not signed")
         repo = self.repos.get(repo_id)
-        for files in (repo.commits.values() if repo else ()):
+        for files in repo.commits.values() if repo else ():
             for content in files.values():
                 if hashlib.sha256(content).hexdigest() == sha:
                     return repo_id, content

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .formats import IGNORE_INDEX, Sample
+from finetune_trainer.data.formats import IGNORE_INDEX, Sample
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from typing import Any
 
 from finetune_operator.api.pod_contract import TerminationReason
 from finetune_operator.api.storage_uri import StorageUri
-
-from .. import builtin
-from ..errors import TrainerError
-from ..paths import resolve_uri
-from .formats import MalformedRecord, Sample, Tokenizer, tokenize_record
+from finetune_trainer.data import builtin_datasets
+from finetune_trainer.data.formats import MalformedRecord, Sample, Tokenizer, tokenize_record
+from finetune_trainer.errors import TrainerError
+from finetune_trainer.storage import paths
+from finetune_trainer.storage.paths import resolve_uri
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -66,7 +66,7 @@ def _files(path: Path) -> list[Path]:
 
 def source_files(uri: str) -> list[Path] | None:
     """The local files a dataset URI reads, in reading order; None for built-in and hub datasets."""
-    if builtin.is_builtin(uri):
+    if paths.is_builtin(uri):
         return None
     local = resolve_uri(uri)
     return None if local is None else _files(Path(local))
@@ -99,9 +99,9 @@ def _read_file(path: Path) -> Iterator[RawRecord]:
 
 def raw_records(uri: str, seed: int = 1234) -> Iterator[RawRecord]:
     """Records of a dataset URI in a stable order."""
-    if builtin.is_builtin(uri):
-        name = builtin.builtin_name(uri)
-        for index, row in enumerate(builtin.builtin_records(name)):
+    if paths.is_builtin(uri):
+        name = paths.builtin_name(uri)
+        for index, row in enumerate(builtin_datasets.builtin_records(name)):
             yield RawRecord(f"{uri}#{index}", row)
         return
     local = resolve_uri(uri)

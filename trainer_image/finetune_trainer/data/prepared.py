@@ -29,17 +29,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
-from .. import builtin
-from ..atomic_json import write_json_atomic
-from .batching import Row, pack, unpacked
-from .loading import DataError, DataUnavailable, load_samples, source_files
+from finetune_trainer.atomic_json import write_json_atomic
+from finetune_trainer.data.batching import Row, pack, unpacked
+from finetune_trainer.data.loading import DataError, DataUnavailable, load_samples, source_files
+from finetune_trainer.storage import paths
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from finetune_operator.api.spec import FineTuneJobSpec
-
-    from .formats import Tokenizer
+    from finetune_trainer.data.formats import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +48,7 @@ DEFAULT_TIMEOUT_S = 3600.0
 POLL_S = 0.2
 DEMO_LIMIT = 64
 """Held-out records kept for exact-match evaluation of built-in datasets."""
-CODE_FILES = ("data/formats.py", "data/batching.py", "data/loading.py", "data/prepared.py", "builtin.py")
+CODE_FILES = ("data/formats.py", "data/batching.py", "data/loading.py", "data/prepared.py", "data/builtin_datasets.py")
 """Sources whose behaviour shapes the rows: a change to any of them gives a new key."""
 _TABLE_PARTS = ("ids", "labels", "row_offsets", "lengths", "length_offsets")
 
@@ -235,7 +234,7 @@ def _build(settings: DataSettings, tokenizer: Tokenizer) -> tuple[RowTable, RowT
     train = [data.samples[i] for i in train_idx]
     val = [held_out.samples[i] for i in val_idx]
     rows = pack(train, settings.max_seq_length) if settings.packing else unpacked(train)
-    demo = [held_out.records[i] for i in val_idx[:DEMO_LIMIT]] if builtin.is_builtin(settings.uri) else []
+    demo = [held_out.records[i] for i in val_idx[:DEMO_LIMIT]] if paths.is_builtin(settings.uri) else []
     meta = {"version": FORMAT_VERSION, "skipped": skipped, "warnings": warnings, "demo_records": demo}
     return RowTable.of(rows), RowTable.of(unpacked(val)), meta
 

@@ -1,9 +1,9 @@
 """Prometheus metrics of a trainer rank: progress, memory (model state, plan, GPU allocator), communication."""
 
-from .comm import CommMetrics
-from .exporter import metrics_enabled, new_registry, serve
-from .memory import MemoryMetrics
-from .progress import ProgressMetrics
-from .rank import RankMetrics
+from finetune_trainer.metrics.comm import CommMetrics
+from finetune_trainer.metrics.exporter import metrics_enabled, new_registry, serve
+from finetune_trainer.metrics.memory import MemoryMetrics
+from finetune_trainer.metrics.progress import ProgressMetrics
+from finetune_trainer.metrics.rank import RankMetrics
 
 __all__ = ["CommMetrics", "MemoryMetrics", "ProgressMetrics", "RankMetrics", "metrics_enabled", "new_registry", "serve"]

@@ -24,9 +24,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from .comm import CommMetrics, OpTotals, deltas
-from .memory import MemoryMetrics
-from .progress import ProgressMetrics
+from finetune_trainer.metrics.comm import CommMetrics, OpTotals, deltas
+from finetune_trainer.metrics.memory import MemoryMetrics
+from finetune_trainer.metrics.progress import ProgressMetrics
 
 STEP_LOG_ENV = "FTJOB_METRICS_STEP_LOG"
 ALTERNATE_ENV = "FTJOB_METRICS_ALTERNATE"

@@ -17,8 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from finetune_operator.api.tracking import TRACKING_FAILING_METRIC, TRACKING_INFO_METRIC, TRACKING_PENDING_METRIC
-
-from ..tracking.status import TrackingStatus
+from finetune_trainer.tracking.status import TrackingStatus
 
 
 class TrackingCollector(Collector):

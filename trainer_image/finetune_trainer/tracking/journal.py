@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-TRACKING_DIR = "tracking"
+from finetune_operator.api.tracking import TRACKING_DIR
+
 RECORDS_FILE = "records.jsonl"
 _TAIL_BYTES = 65536
 

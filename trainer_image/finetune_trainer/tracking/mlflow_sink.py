@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .journal import Record
+from finetune_trainer.tracking.journal import Record
 
 UID_TAG = "ftjob.uid"
 PUBLISHED_TAG = "ftjob.published_step"

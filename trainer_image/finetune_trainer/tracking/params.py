@@ -12,8 +12,7 @@ from importlib import metadata
 from finetune_operator.api.methods import MethodType
 from finetune_operator.api.status import PlanStatus
 from finetune_operator.api.strategy import Strategy
-
-from ..settings import JobConfig
+from finetune_trainer.settings import JobConfig
 
 
 def describe_plan(plan: PlanStatus) -> str:

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from .journal import JournalReader, Record
-from .mlflow_sink import reason_of
-from .status import StatusBoard
+from finetune_trainer.tracking.journal import JournalReader, Record
+from finetune_trainer.tracking.mlflow_sink import reason_of
+from finetune_trainer.tracking.status import StatusBoard
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from finetune_operator.api.tracking import mlflow_settings, tensorboard_enabled
-
-from ..settings import JobConfig
-from .journal import JournalWriter, Record, finite_metrics, journal_path
+from finetune_trainer.settings import JobConfig
+from finetune_trainer.tracking.journal import JournalWriter, Record, finite_metrics, journal_path
 
 log = logging.getLogger(__name__)
 

@@ -24,20 +24,20 @@ from finetune_operator.api.pod_contract import TrainingSummary
 from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.tracking import (
     TENSORBOARD_DIR,
+    TRACKING_DIR,
     TrackingResult,
     mlflow_settings,
     tensorboard_enabled,
 )
-
-from ..s3_checkpoints import publish_tracking
-from ..settings import JobConfig, env_int
-from .journal import TRACKING_DIR, journal_path
-from .mlflow_sink import MlflowSink, RunSpec
-from .params import replan_tags, run_params, run_tags
-from .publisher import Publisher
-from .recorder import tracking_configured
-from .status import StatusBoard, TrackingStatus, status_path
-from .tensorboard_sink import TensorBoardSink
+from finetune_trainer.checkpoint.s3_checkpoints import publish_tracking
+from finetune_trainer.settings import JobConfig, env_int
+from finetune_trainer.tracking.journal import journal_path
+from finetune_trainer.tracking.mlflow_sink import MlflowSink, RunSpec
+from finetune_trainer.tracking.params import replan_tags, run_params, run_tags
+from finetune_trainer.tracking.publisher import Publisher
+from finetune_trainer.tracking.recorder import tracking_configured
+from finetune_trainer.tracking.status import StatusBoard, TrackingStatus, status_path
+from finetune_trainer.tracking.tensorboard_sink import TensorBoardSink
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .journal import TRACKING_DIR
+from finetune_operator.api.tracking import TRACKING_DIR
 
 STATUS_FILE = "status.json"
 WRITE_EVERY_S = 1.0

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .journal import Record
+from finetune_trainer.tracking.journal import Record
 
 MARKER = ".published_step"
 

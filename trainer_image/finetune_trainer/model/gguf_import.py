@@ -70,7 +70,7 @@ def convert(gguf: Path, expected_sha256: str, directory: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .modeling import NO_HUB_KERNELS
+    from finetune_trainer.model.pretrained import NO_HUB_KERNELS
 
     actual = sha256_of(gguf)
     if actual != expected_sha256:

@@ -62,7 +62,7 @@ def process_group_backend(gpus_per_node: int) -> str:
         return "nccl"
     if not expects_gpu(gpus_per_node):
         return "gloo"
-    from .settings import ConfigError
+    from finetune_trainer.settings import ConfigError
 
     raise ConfigError(
         f"resources.gpusPerNode={gpus_per_node} but torch sees no CUDA device: torch {torch.__version__} "

@@ -30,8 +30,7 @@ from typing import TypeVar
 
 from finetune_operator.api.pod_contract import TerminationReason
 from finetune_operator.api.pod_env import PodEnv
-
-from .errors import TrainerError
+from finetune_trainer.errors import TrainerError
 
 log = logging.getLogger(__name__)
 

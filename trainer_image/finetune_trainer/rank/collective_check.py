@@ -170,7 +170,7 @@ def install_from_env(rank: int) -> Guard | None:
     raw = os.environ.get(ENV, "")
     if not raw:
         return None
-    from .devices import rank_device
+    from finetune_trainer.rank.devices import rank_device
 
     guard = Guard(Path(raw), rank, rank_device)
     guard.install()

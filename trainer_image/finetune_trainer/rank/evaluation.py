@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .data.batching import Row, collate
-from .data.formats import IGNORE_INDEX
+from finetune_trainer.data.batching import Row, collate
+from finetune_trainer.data.formats import IGNORE_INDEX
 
 
 def _shard(n: int, rank: int, world: int) -> list[tuple[int, float]]:

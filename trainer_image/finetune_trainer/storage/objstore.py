@@ -31,8 +31,7 @@ from typing import Any, TypeVar
 from finetune_operator.api.object_storage import DEFAULT_RETRY_TIMEOUT_SECONDS, ObjectStorageSpec, split_s3
 from finetune_operator.api.pod_contract import TerminationReason
 from finetune_operator.api.pod_env import PodEnv
-
-from .errors import TrainerError
+from finetune_trainer.errors import TrainerError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

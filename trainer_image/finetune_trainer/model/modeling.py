@@ -29,24 +29,16 @@ from finetune_operator.api.pod_contract import TerminationReason
 from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_operator.api.status import PlanStatus
-
-from . import builtin
-from .errors import TrainerError
-from .paths import resolve_uri
-from .settings import ConfigError
+from finetune_trainer.errors import TrainerError
+from finetune_trainer.model import builtin_models
+from finetune_trainer.model.pretrained import NO_HUB_KERNELS
+from finetune_trainer.settings import ConfigError
+from finetune_trainer.storage import paths
+from finetune_trainer.storage.paths import resolve_uri
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-NO_HUB_KERNELS: dict[str, Any] = {"use_kernels": False}
-"""`from_pretrained` arguments for every model the trainer loads. transformers 5 kernelizes a
-model by default (`use_kernels` unset) when the `kernels` package is there, as it is for
-bitsandbytes: layers such as the rotary embedding are swapped for kernels downloaded from the
-Hub, in inference mode, chosen by the device the weights load on. So a ZeRO-3 or QLoRA job
-(weights loaded straight onto the GPU) fetched `kernels-community/rotary` at start and failed
-where the Hub is out of reach ("Version 2 of 'kernels-community/rotary' is not available in
-the local cache and Hugging Face Hub is in offline mode", the first GPU acceptance run), and
-elsewhere ran remote code the job never asked for. Training uses transformers' own layers."""
 
 
 class ModelNotFound(TrainerError, RuntimeError):
@@ -110,9 +102,9 @@ def effective_deepspeed_config(config: dict[str, Any], compute: ComputeSettings)
 
 def model_path(uri: str, cache_root: Path, seed: int) -> str:
     """A local directory (generated for builtin://) or a hub id, checked early with a clear message."""
-    if builtin.is_builtin(uri):
+    if paths.is_builtin(uri):
         try:
-            return str(builtin.materialise_model(builtin.builtin_name(uri), cache_root, seed))
+            return str(builtin_models.materialise_model(paths.builtin_name(uri), cache_root, seed))
         except FileNotFoundError as exc:
             raise ModelNotFound(str(exc)) from None
     local = resolve_uri(uri)
@@ -163,7 +155,7 @@ def fused_expert_parameters(model: Any, targets: Any) -> list[str]:
     which it leaves alone). peft itself answers (`lora_targets.param_wrapped`)."""
     from peft import LoraConfig
 
-    from .lora_targets import param_wrapped
+    from finetune_trainer.model.lora_targets import param_wrapped
 
     return param_wrapped(model, LoraConfig(r=1, target_modules=targets, task_type="CAUSAL_LM"))
 
@@ -189,7 +181,7 @@ def _lora_config(spec: FineTuneJobSpec, model: Any) -> Any:
     lora = spec.method.lora_or_default
     targets: Any = "all-linear" if list(lora.target_modules) == ["all-linear"] else list(lora.target_modules)
     extra: dict[str, Any] = {}
-    if builtin.is_builtin(spec.model.uri) and builtin.builtin_name(spec.model.uri) == builtin.TINY_LLAMA:
+    if paths.is_builtin(spec.model.uri) and paths.builtin_name(spec.model.uri) == builtin_models.TINY_LLAMA:
         # A random base has no useful embeddings to keep frozen; the demo trains them.
         # (A pretrained built-in keeps its embeddings frozen like any real model.)
         extra["modules_to_save"] = ["embed_tokens", "lm_head"]
@@ -208,7 +200,7 @@ def lora_skipped(model: Any, spec: FineTuneJobSpec) -> list[str]:
     lora = spec.method.lora_or_default
     if spec.method.type == MethodType.FULL or list(lora.target_modules) != ["all-linear"]:
         return []
-    from .lora_targets import not_adapted
+    from finetune_trainer.model.lora_targets import not_adapted
 
     skipped = not_adapted(model)
     if skipped and int(os.environ.get(PodEnv.RANK, "0")) == 0:

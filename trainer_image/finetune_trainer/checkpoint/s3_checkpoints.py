@@ -1,6 +1,6 @@
 """Checkpoints, results and the completion marker of a job whose output is on `s3://`.
 
-The ranks save a checkpoint exactly as on a claim (`checkpoint.save`), into the pod's local
+The ranks save a checkpoint exactly as on a claim (`saves.save`), into the pod's local
 scratch folder (FTJOB_OUTPUT_DIR, an emptyDir the plan sizes). Then, collectively:
 
 1. each pod's first rank uploads what its pod wrote to `<output>/checkpoints/step-N/`;
@@ -44,13 +44,12 @@ from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState
 from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.storage_uri import is_s3
 from finetune_operator.api.strategy import Strategy
-from finetune_operator.api.tracking import TENSORBOARD_DIR
-
-from . import checkpoint, leader_work, universal
-from .objstore import ObjectStore, S3Uri, StoreError, StoreNotFound, confined, store_for
-from .paths import CHECKPOINTS, COMPLETION_MARKER
-from .portable import TRAINABLE_FILE
-from .tracking.journal import TRACKING_DIR
+from finetune_operator.api.tracking import TENSORBOARD_DIR, TRACKING_DIR
+from finetune_trainer import faults, leader_work
+from finetune_trainer.checkpoint import saves, universal
+from finetune_trainer.checkpoint.portable import TRAINABLE_FILE
+from finetune_trainer.storage.objstore import ObjectStore, S3Uri, StoreError, StoreNotFound, confined, store_for
+from finetune_trainer.storage.paths import CHECKPOINTS, COMPLETION_MARKER
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +144,7 @@ def needed_files(files: Sequence[str], fmt: CheckpointFormat | None, ranks: rang
         if rng is not None:
             keep = int(rng.group(1)) in ranks
         elif fmt == CheckpointFormat.TRAINABLE:
-            keep = name in (TRAINABLE_FILE, checkpoint.STATE_FILE)
+            keep = name in (TRAINABLE_FILE, saves.STATE_FILE)
         else:
             keep = shard is None or int(shard.group(1)) in ranks
         if keep:
@@ -184,7 +183,7 @@ class S3Output:
             return None
 
         def fault(where: str, step: int) -> None:
-            checkpoint.fault_point(where, step, once_in=out)
+            faults.fault_point(where, step, once_in=out)
 
         return cls(
             store_for(spec.object_storage),
@@ -219,9 +218,9 @@ class S3Output:
 
     # ---- save ----------------------------------------------------------------------------
     def publish(self, ckpt_root: Path, step: int, keep: int) -> str:
-        """Collective, right after `checkpoint.save`: upload, commit, retain; returns the URI."""
-        name = checkpoint.step_dir_name(step)
-        final, tmp = ckpt_root / name, ckpt_root / f"{checkpoint.TMP_PREFIX}{name}"
+        """Collective, right after `saves.save`: upload, commit, retain; returns the URI."""
+        name = saves.step_dir_name(step)
+        final, tmp = ckpt_root / name, ckpt_root / f"{saves.TMP_PREFIX}{name}"
         prefix = self.checkpoints.child(name)
 
         def upload() -> str:
@@ -235,7 +234,7 @@ class S3Output:
         def commit() -> str:
             listing = self.store.list(prefix)
             files = {key[len(prefix.key) + 1 :]: size for key, size in listing.items() if not key.endswith("/")}
-            manifest = Manifest(step, files, (final / checkpoint.STATE_FILE).read_text())
+            manifest = Manifest(step, files, (final / saves.STATE_FILE).read_text())
             self.store.put_bytes(prefix.child(MANIFEST), manifest.to_json())
             self.retain(keep)
             # Rank 0's tracking files go with the commit, while the others wait outside the
@@ -271,7 +270,7 @@ class S3Output:
             return None
         step = found.committed[-1]
         return Manifest.from_json(
-            self.store.get_bytes(self.checkpoints.child(f"{checkpoint.step_dir_name(step)}/{MANIFEST}"))
+            self.store.get_bytes(self.checkpoints.child(f"{saves.step_dir_name(step)}/{MANIFEST}"))
         )
 
     def stage_newest(self, ckpt_root: Path, strategy: Strategy) -> int | None:
@@ -303,9 +302,9 @@ class S3Output:
             and saved is not None
             and universal.needs_conversion(saved, strategy)
         )
-        name = checkpoint.step_dir_name(manifest.step)
+        name = saves.step_dir_name(manifest.step)
         wanted = needed_files(list(manifest.files), state.checkpoint_format, self.node_ranks, whole=convert)
-        staging = ckpt_root / f"{checkpoint.TMP_PREFIX}{name}"
+        staging = ckpt_root / f"{saves.TMP_PREFIX}{name}"
         local = {rel: confined(staging, rel) for rel in wanted}  # the manifest is the bucket's text
         outside = sorted(rel for rel, path in local.items() if path is None)
         if outside:
@@ -313,7 +312,7 @@ class S3Output:
         for rel, path in local.items():
             assert path is not None
             self.store.download(self.checkpoints.child(f"{name}/{rel}"), path)
-        (staging / checkpoint.STATE_FILE).write_text(manifest.state)
+        (staging / saves.STATE_FILE).write_text(manifest.state)
         staging.rename(ckpt_root / name)
         log.warning(
             "downloaded %d of %d files of %s/%s for ranks %d-%d",
@@ -324,7 +323,7 @@ class S3Output:
             self.node_ranks.start,
             self.node_ranks.stop - 1,
         )
-        if convert and self.dist.rank != 0:  # rank 0 converts in `checkpoint.load`; every pod needs a copy
+        if convert and self.dist.rank != 0:  # rank 0 converts in `saves.load`; every pod needs a copy
             universal.convert(ckpt_root / name)
         return manifest.step
 

@@ -1,7 +1,7 @@
 """The pod entrypoint: idle if the job already completed, else launch this node's ranks.
 
 Every pod launches its own ranks (no SSH anywhere; the hostfile only describes the world)
-with `python -m finetune_trainer.node_launcher --world_info=... --node_rank=$NODE_RANK
+with `python -m finetune_trainer.pod.node_launcher --world_info=... --node_rank=$NODE_RANK
 --master_addr=$MASTER_ADDR`: DeepSpeed's per-node launch contract (the environment
 `deepspeed --no_ssh --hostfile DIR/hostfile` gives each rank, and its stop-all-on-failure
 watch) without importing torch and DeepSpeed in a process that only starts the ranks.
@@ -31,20 +31,21 @@ from typing import Any
 
 from finetune_operator.api.pod_contract import TrainingSummary
 from finetune_operator.api.pod_env import CUDA_ALLOCATOR_DEFAULT, PodEnv
-
-from . import node_launcher, outcome, preemption, process_tree, s3_checkpoints, s3_inputs
-from .download_gate import DownloadTimeout, download_timeout, gang_ready, within_limit
-from .errors import TrainerError
-from .modeling import ModelNotFound
-from .paths import completion_marker, resolve_uri
-from .prefetch import prefetch
-from .settings import ConfigError, JobConfig, env_int, load_config
-from .tracking.session import TrackingSession, start_session
+from finetune_trainer import outcome, preemption
+from finetune_trainer.checkpoint import s3_checkpoints
+from finetune_trainer.errors import TrainerError
+from finetune_trainer.model.modeling import ModelNotFound
+from finetune_trainer.pod import node_launcher, process_tree, s3_inputs
+from finetune_trainer.pod.download_gate import DownloadTimeout, download_timeout, gang_ready, within_limit
+from finetune_trainer.pod.prefetch import prefetch
+from finetune_trainer.settings import ConfigError, JobConfig, env_int, load_config
+from finetune_trainer.storage.paths import completion_marker, resolve_uri
+from finetune_trainer.tracking.session import TrackingSession, start_session
 
 log = logging.getLogger(__name__)
 
-WORKER_MODULE = "finetune_trainer.worker"
-LAUNCHER_MODULE = "finetune_trainer.node_launcher"
+WORKER_MODULE = "finetune_trainer.rank.worker"
+LAUNCHER_MODULE = "finetune_trainer.pod.node_launcher"
 DEFAULT_MASTER_PORT = 29500
 GANG_SLACK_SECONDS = 60.0
 """How much longer than its own download limit a pod waits for the others' downloads: a slower
@@ -100,7 +101,7 @@ def launcher_command(cfg: JobConfig, node_rank: int, master_addr: str, master_po
 def start_launcher(
     cfg: JobConfig, node_rank: int, master_addr: str, master_port: int, env: dict[str, str]
 ) -> subprocess.Popen[bytes] | node_launcher.ForkedRank:
-    """The node launcher as `python -u -m finetune_trainer.node_launcher ...`, or forked from this
+    """The node launcher as `python -u -m finetune_trainer.pod.node_launcher ...`, or forked from this
     process when it already holds the launcher's preload (`node_launcher.holds_preload`)."""
     if node_launcher.holds_preload(env):
         args = launcher_args(cfg, node_rank, master_addr, master_port)

@@ -18,14 +18,16 @@ from typing import Any
 from finetune_operator.api.methods import MethodType
 from finetune_operator.api.pod_contract import CheckpointState, TrainingSummary
 from finetune_operator.api.strategy import Strategy
-
-from . import checkpoint, evaluation, export, leader_work, modeling, preemption, rank_setup, s3_checkpoints, universal
-from .data.batching import collate
-from .devices import float64_on_rank
-from .loss import training_loss
-from .metrics import RankMetrics
-from .settings import JobConfig
-from .tracking.recorder import Recorder
+from finetune_trainer import faults, leader_work, preemption
+from finetune_trainer.checkpoint import s3_checkpoints, saves, universal
+from finetune_trainer.data.batching import collate
+from finetune_trainer.metrics import RankMetrics
+from finetune_trainer.model import export, modeling
+from finetune_trainer.model.loss import training_loss
+from finetune_trainer.rank import evaluation, rank_setup
+from finetune_trainer.rank.devices import float64_on_rank
+from finetune_trainer.settings import JobConfig
+from finetune_trainer.tracking.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +191,7 @@ class Trainer:
         preemption.defer()
         for step in range(state.global_step, self.data.total_steps):
             state = self._step(step, state)
-            checkpoint.fault_point("step", state.global_step, once_in=self.out)
+            faults.fault_point("step", state.global_step, once_in=self.out)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{state.last_loss:.3f}")
@@ -218,7 +220,7 @@ class Trainer:
         rank = self.dist.rank
         if rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
-            removed = checkpoint.remove_partial(self.ckpt_root)
+            removed = saves.remove_partial(self.ckpt_root)
             if removed:
                 log.warning("removed incomplete checkpoints %s (a save was interrupted)", removed)
         self.dist.barrier()
@@ -241,18 +243,18 @@ class Trainer:
             self.metrics.progress.resumed(*self.resumed)
         return found.state
 
-    def _load_newest_readable(self) -> tuple[checkpoint.Found, bool] | None:
+    def _load_newest_readable(self) -> tuple[saves.Found, bool] | None:
         """Load the newest checkpoint every rank can read; a damaged one (a truncated or
         unreadable file on any rank) is set aside as `corrupt-step-N`, said so in the log,
         and the one before it is tried. None: no checkpoint, or none readable (fresh start)."""
-        from .settings import ConfigError
+        from finetune_trainer.settings import ConfigError
 
-        candidates = checkpoint.complete_checkpoints(self.ckpt_root)
+        candidates = saves.complete_checkpoints(self.ckpt_root)
         for found in reversed(candidates):
             self._check_global_batch(found)
             error = ""
             try:
-                converted = checkpoint.load(self.engine, found, self.dist, self.strategy)
+                converted = saves.load(self.engine, found, self.dist, self.strategy)
             except ConfigError:
                 raise  # a strategy the checkpoint cannot be converted to: not damage, never skipped
             except (OSError, EOFError, RuntimeError, ValueError, KeyError, IndexError) as exc:
@@ -263,7 +265,7 @@ class Trainer:
             if not self.dist.sum([1.0 if error else 0.0])[0]:
                 return found, converted
             if self.dist.rank == 0:
-                kept = checkpoint.set_aside(found.path)
+                kept = saves.set_aside(found.path)
                 log.warning(
                     "checkpoint %s is damaged (%s); kept as %s, falling back to the previous checkpoint",
                     found.path,
@@ -378,16 +380,16 @@ class Trainer:
         done = state.global_step
         if not saved:
             self._checkpoint(state.model_copy(update={"data_position": self.data.sampler.position(done)}))
-        raise preemption.Preempted(done, self.data.total_steps, checkpoint.step_dir_name(done))
+        raise preemption.Preempted(done, self.data.total_steps, saves.step_dir_name(done))
 
     @property
     def strategy(self) -> Strategy:
         """How this run shards, offloads and batches: recorded with every checkpoint."""
         return Strategy.from_plan(self.plan, self.dist.world)
 
-    def _check_global_batch(self, found: checkpoint.Found) -> None:
+    def _check_global_batch(self, found: saves.Found) -> None:
         """The data position is `step x global batch`: a resume must keep the global batch."""
-        from .settings import ConfigError
+        from finetune_trainer.settings import ConfigError
 
         saved = found.state.strategy
         if saved is None or saved.global_batch == self.data.sampler.per_step:
@@ -399,10 +401,10 @@ class Trainer:
             "Choose training.globalBatchSize divisible by numNodes x gpusPerNode x microBatchSize"
         )
 
-    def _log_replan(self, found: checkpoint.Found, converted: bool) -> None:
+    def _log_replan(self, found: saves.Found, converted: bool) -> None:
         saved, now = found.state.strategy, self.strategy
         if saved is not None and saved.changes(now):
-            if found.state.checkpoint_format == checkpoint.FORMAT_TRAINABLE:
+            if found.state.checkpoint_format == saves.FORMAT_TRAINABLE:
                 how = "the trainable state was re-partitioned for the new strategy"
             elif converted:
                 how = (
@@ -426,7 +428,7 @@ class Trainer:
             # short is redone from the same state, to the same values
             self.tracking.commit()
         t0 = time.perf_counter()
-        checkpoint.save(
+        saves.save(
             self.engine,
             self.ckpt_root,
             state.global_step,
@@ -438,7 +440,7 @@ class Trainer:
         if self.s3 is not None:
             self.s3.publish(self.ckpt_root, state.global_step, self.spec.training.checkpoints_to_keep)
         if self.dist.rank == 0:
-            checkpoint.prune(self.ckpt_root, self.spec.training.checkpoints_to_keep)
+            saves.prune(self.ckpt_root, self.spec.training.checkpoints_to_keep)
         seconds = time.perf_counter() - t0
         self._record({"step": state.global_step, "checkpoint": {"seconds": round(seconds, 4)}})
         if self.metrics is not None:
@@ -460,7 +462,7 @@ class Trainer:
         gathered = export.gather_trained(self.engine.module, self.spec.method.type, self.dist.rank)
 
         def write() -> None:  # rank 0, while the others wait outside the collective timeout
-            checkpoint.fault_point("export", self.data.total_steps)
+            faults.fault_point("export", self.data.total_steps)
             export.write_trained(self.engine.module, self.tokenizer, target, gathered)
             if merged is not None:
                 export.save_merged(self.model_path, target, self.tokenizer, merged, self.compute.dtype_name)
@@ -500,7 +502,7 @@ class Trainer:
 
 def predicted_tokens(labels: Any) -> int:
     """Tokens a causal LM's loss averages over: labels shifted by one, ignored ones left out."""
-    from .data.formats import IGNORE_INDEX
+    from finetune_trainer.data.formats import IGNORE_INDEX
 
     return int((labels[:, 1:] != IGNORE_INDEX).sum())
 

@@ -74,3 +74,12 @@ def output_dir(output_uri: str) -> Path:
 
 def completion_marker(out: Path) -> Path:
     return out / COMPLETION_MARKER
+
+
+def is_builtin(uri: str) -> bool:
+    return StorageUri.of(uri).scheme is Scheme.BUILTIN
+
+
+def builtin_name(uri: str) -> str:
+    """The name of a `builtin://` uri ("" for any other)."""
+    return StorageUri.of(uri).name

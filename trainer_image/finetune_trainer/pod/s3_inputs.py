@@ -29,11 +29,10 @@ from pathlib import Path
 from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_operator.api.storage_uri import StorageUri
-
-from .metrics.exporter import metrics_port
-from .objstore import ObjectStore, S3Uri, StoreError, StoreNotFound, confined, store_for
-from .paths import mirror_folder, s3_mirror
-from .prefetch import download_progress
+from finetune_trainer.metrics.exporter import metrics_port
+from finetune_trainer.pod.prefetch import download_progress
+from finetune_trainer.storage.objstore import ObjectStore, S3Uri, StoreError, StoreNotFound, confined, store_for
+from finetune_trainer.storage.paths import mirror_folder, s3_mirror
 
 log = logging.getLogger(__name__)
 STAMPS = ".ftjob-stamps"

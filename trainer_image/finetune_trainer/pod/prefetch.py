@@ -27,9 +27,8 @@ from prometheus_client import CollectorRegistry, Gauge
 from finetune_operator.api.model_cache import DOWNLOADED_PATTERNS
 from finetune_operator.api.model_uri import hub_model
 from finetune_operator.api.pod_env import PodEnv
-
-from .metrics.exporter import metrics_port
-from .settings import JobConfig
+from finetune_trainer.metrics.exporter import metrics_port
+from finetune_trainer.settings import JobConfig
 
 log = logging.getLogger(__name__)
 WEIGHT_PATTERNS = list(DOWNLOADED_PATTERNS)

@@ -1,6 +1,6 @@
 """Stopping everything the node launcher started, not just the launcher.
 
-The entrypoint starts `finetune_trainer.node_launcher`, which starts the ranks. Signals to the
+The entrypoint starts `finetune_trainer.pod.node_launcher`, which starts the ranks. Signals to the
 launcher alone are not enough: a launcher that dies leaves its ranks training (one of them
 at 100 % CPU). So on SIGTERM or SIGINT the
 entrypoint walks the launcher's process tree while it is still whole, sends SIGTERM to

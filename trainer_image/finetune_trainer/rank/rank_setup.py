@@ -18,13 +18,12 @@ from typing import Any
 
 from finetune_operator.api.spec import DatasetFormat, FineTuneJobSpec
 from finetune_operator.api.status import PlanStatus
-
-from . import modeling
-from .data import prepared
-from .data.batching import EpochSampler, Row
-from .data.formats import prompt_and_answer
-from .data.loading import DataError
-from .schedule import lr_lambda
+from finetune_trainer.data import prepared
+from finetune_trainer.data.batching import EpochSampler, Row
+from finetune_trainer.data.formats import prompt_and_answer
+from finetune_trainer.data.loading import DataError
+from finetune_trainer.model import modeling
+from finetune_trainer.rank.schedule import lr_lambda
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +157,7 @@ def build_engine(
     states (`benchmarks/optimizer_step_memory.py`)."""
     import torch
 
-    from .deepspeed_import import import_deepspeed
+    from finetune_trainer.deepspeed_import import import_deepspeed
 
     deepspeed = import_deepspeed()  # without its CPU shm op, whoever set up the process group
 

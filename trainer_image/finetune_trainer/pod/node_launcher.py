@@ -1,6 +1,6 @@
 """The per-node launcher: starts this node's ranks with DeepSpeed's launch contract, without torch.
 
-`python -u -m finetune_trainer.node_launcher --world_info=B64 --node_rank=N --master_addr=A
+`python -u -m finetune_trainer.pod.node_launcher --world_info=B64 --node_rank=N --master_addr=A
 --master_port=P MODULE ARGS...` starts one `python -u -m MODULE ARGS...` per local slot of the
 hostfile's world, with the environment `deepspeed.launcher.launch` gives its ranks (MASTER_ADDR,
 MASTER_PORT, WORLD_SIZE, CROSS_RANK, CROSS_SIZE, LOCAL_SIZE, RANK, LOCAL_RANK and
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Protocol
 
-from . import process_tree, rank_threads
-from .deepspeed_import import import_deepspeed
+from finetune_trainer.deepspeed_import import import_deepspeed
+from finetune_trainer.pod import process_tree, rank_threads
 
 STOP_GRACE_SECONDS = 30.0
 """How long the other ranks get to stop after one failed, before SIGKILL (DeepSpeed's 30 s)."""
@@ -61,7 +61,7 @@ SIGKILL (the memory killer, an eviction) from SIGABRT (NCCL's watchdog, a C++ ab
 
 PRELOAD_ENV = "FTJOB_LAUNCHER_PRELOAD"
 """Comma-separated modules to import once and fork the ranks from (CPU nodes only), or `none`."""
-CPU_PRELOAD = ("torch", "deepspeed", "peft", "finetune_trainer.loop")
+CPU_PRELOAD = ("torch", "deepspeed", "peft", "finetune_trainer.rank.loop")
 """What a training rank imports, preloaded on a CPU node unless FTJOB_LAUNCHER_PRELOAD says otherwise."""
 
 
@@ -353,7 +353,7 @@ def supervise(
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m finetune_trainer.node_launcher", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m finetune_trainer.pod.node_launcher", description=__doc__)
     parser.add_argument("--world_info", required=True, help="base64 of the JSON {host: [local slot, ...]}")
     parser.add_argument("--node_rank", type=int, required=True)
     parser.add_argument("--master_addr", required=True)

@@ -1,4 +1,4 @@
-"""One training rank, as started by the node launcher (`python -m finetune_trainer.worker`).
+"""One training rank, as started by the node launcher (`python -m finetune_trainer.rank.worker`).
 
 It joins the process group (gloo on CPU, nccl on GPU), serves its metrics, trains, and
 leaves its outcome in the run-state folder the entrypoint gave it (FTJOB_RUN_STATE_DIR):
@@ -20,11 +20,10 @@ from datetime import timedelta
 from pathlib import Path
 
 from finetune_operator.api.pod_env import PodEnv
-
-from . import log_filters, preemption
-from .outcome import SUMMARY_FILE, failure_line, mark_rank, write_rank_failure
-from .paths import completion_marker
-from .s3_checkpoints import publish_completion
+from finetune_trainer import log_filters, preemption
+from finetune_trainer.checkpoint.s3_checkpoints import publish_completion
+from finetune_trainer.outcome import SUMMARY_FILE, failure_line, mark_rank, write_rank_failure
+from finetune_trainer.storage.paths import completion_marker
 
 log = logging.getLogger("finetune_trainer")
 
@@ -63,19 +62,19 @@ def run_rank(config_dir: str) -> int:
     mark_rank(state_dir, rank, "started")
     preemption.install()
     try:
-        from .atomic_json import write_json_atomic
-        from .loop import Trainer
-        from .metrics import RankMetrics, metrics_enabled, new_registry, serve
-        from .settings import load_config
+        from finetune_trainer.atomic_json import write_json_atomic
+        from finetune_trainer.metrics import RankMetrics, metrics_enabled, new_registry, serve
+        from finetune_trainer.rank.loop import Trainer
+        from finetune_trainer.settings import load_config
 
         cfg = load_config(config_dir)
-        from .deepspeed_import import import_deepspeed
+        from finetune_trainer.deepspeed_import import import_deepspeed
 
         deepspeed = import_deepspeed()
         import torch
 
-        from .collective_check import install_from_env
-        from .devices import process_group_backend
+        from finetune_trainer.rank.collective_check import install_from_env
+        from finetune_trainer.rank.devices import process_group_backend
 
         install_from_env(rank)
 
@@ -99,8 +98,8 @@ def run_rank(config_dir: str) -> int:
             planned = cfg.plan.breakdown.model_dump(by_alias=False)
             metrics = RankMetrics(registry, info, on_gpu=torch.cuda.is_available(), planned=planned)
             if rank == 0:
-                from .metrics.tracking import TrackingCollector
-                from .tracking.status import status_path
+                from finetune_trainer.metrics.tracking import TrackingCollector
+                from finetune_trainer.tracking.status import status_path
 
                 registry.register(TrackingCollector(status_path(cfg.output)))
             serve(registry, local_rank)
@@ -144,7 +143,7 @@ def _gpu_uuid(local_rank: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="finetune_trainer.worker")
+    parser = argparse.ArgumentParser(prog="finetune_trainer.rank.worker")
     parser.add_argument("--config", required=True)
     parser.add_argument("--local_rank", type=int, default=None, help="DeepSpeed's launcher passes it (unused)")
     args = parser.parse_args(argv)

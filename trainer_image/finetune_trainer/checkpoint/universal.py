@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from finetune_operator.api.strategy import Strategy
-
-from . import leader_work, portable
-from .settings import ConfigError
+from finetune_trainer import leader_work
+from finetune_trainer.checkpoint import portable
+from finetune_trainer.faults import fault_point
+from finetune_trainer.settings import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +139,6 @@ def ensure(checkpoint: Path, dist: Collective) -> Path:
 
     def work() -> None:
         nonlocal error
-        from .checkpoint import fault_point
-
         try:
             fault_point("convert", step_of(checkpoint))
             convert(checkpoint)

@@ -65,7 +65,7 @@ def save_merged(base_path: str, adapter_dir: Path, tokenizer: Any, out: Path, dt
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from .modeling import NO_HUB_KERNELS
+    from finetune_trainer.model.pretrained import NO_HUB_KERNELS
 
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=getattr(torch, dtype_name), **NO_HUB_KERNELS)
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()

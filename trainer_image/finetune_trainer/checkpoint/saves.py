@@ -25,19 +25,16 @@ import os
 import random
 import re
 import shutil
-import signal
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.pod_contract import CheckpointFormat, CheckpointState, TerminationReason
-from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.strategy import Strategy
-
-from . import universal
-from .errors import TrainerError
+from finetune_trainer.checkpoint import universal
+from finetune_trainer.errors import TrainerError
+from finetune_trainer.faults import fault_point
 
 STATE_FILE = "trainer_state.json"
 TMP_PREFIX = ".tmp-"
@@ -165,44 +162,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def fault_point(where: str, step: int, once_in: Path | None = None) -> None:
-    """Fault injection for the resume tests: FTJOB_FAULT_KILL=<where>:<step> SIGKILLs this rank
-    there; FTJOB_FAULT_STOP=<where>:<step> SIGSTOPs it, so a test can kill the whole pod at a
-    known step instead of racing the training loop; FTJOB_FAULT_OOM=<where>:<step> raises a
-    real `torch.OutOfMemoryError` there, as a CUDA allocation would, so the operator's
-    out-of-memory re-plan can be driven by real ranks; FTJOB_FAULT_SLOW=<where>:<step> makes the
-    rank sleep FTJOB_FAULT_SLOW_SECONDS (5) there, as a large model's conversion or export would
-    take long. Each variable may name several points,
-    comma-separated. With `once_in` (the output folder) a kill or an out-of-memory error fires
-    once per rank and point (a marker is kept there, or in FTJOB_FAULT_ONCE_DIR when set): the
-    restarted gang, started with the same environment, passes it and meets the next one."""
-    here = f"{where}:{step}"
-
-    def armed(variable: str) -> bool:
-        return here in os.environ.get(variable, "").split(",")
-
-    def first_time(kind: str) -> bool:
-        if once_in is None:
-            return True
-        folder = Path(os.environ.get("FTJOB_FAULT_ONCE_DIR") or once_in)  # e.g. outliving a pod's scratch
-        marker = folder / f".fault-{kind}-{where}-{step}-rank{os.environ.get(PodEnv.RANK, '0')}"
-        if marker.exists():
-            return False
-        marker.touch()
-        return True
-
-    if armed("FTJOB_FAULT_OOM") and first_time("oom"):
-        import torch
-
-        raise torch.OutOfMemoryError(f"CUDA out of memory (injected by FTJOB_FAULT_OOM={here})")
-    if armed("FTJOB_FAULT_KILL") and first_time("kill"):
-        os.kill(os.getpid(), signal.SIGKILL)
-    if armed("FTJOB_FAULT_SLOW"):
-        time.sleep(float(os.environ.get("FTJOB_FAULT_SLOW_SECONDS", "5")))
-    if armed("FTJOB_FAULT_STOP"):
-        os.kill(os.getpid(), signal.SIGSTOP)
-
-
 def rng_state() -> dict[str, Any]:
     import numpy as np
     import torch
@@ -259,7 +218,7 @@ def save(
     """
     import torch
 
-    from . import portable
+    from finetune_trainer.checkpoint import portable
 
     tmp_tag = f"{TMP_PREFIX}{step_dir_name(step)}"
     tmp = root / tmp_tag
@@ -300,7 +259,7 @@ def load(engine: Any, found: Found, dist: Any, strategy: Strategy) -> bool:
     returns whether DeepSpeed shards were converted for it. `dist`: `rank` and `sum` (collective)."""
     import torch
 
-    from . import portable
+    from finetune_trainer.checkpoint import portable
 
     converted = False
     if found.state.checkpoint_format == FORMAT_TRAINABLE:
