@@ -38,7 +38,7 @@ for extra in (REPO, REPO / "operator", REPO / "trainer_image"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
-from finetune_operator.plan import comm  # noqa: E402
+from finetune_operator.plan.search import comm  # noqa: E402
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 FP32 = 4

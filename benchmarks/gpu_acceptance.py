@@ -467,7 +467,7 @@ def save_random_model(config: dict[str, Any], folder: Path, on_gpu: bool) -> Pat
     import torch
     from transformers import AutoModelForCausalLM
 
-    from finetune_operator.plan.meta_count import build_config
+    from finetune_operator.plan.counting.meta_count import build_config
 
     if (folder / "config.json").exists():
         return folder
@@ -526,7 +526,7 @@ class Sections:
 
     def b(self) -> None:
         from finetune_operator.api.strategy import Strategy
-        from finetune_operator.plan.model_source import catalogue_entry
+        from finetune_operator.plan.sources.model_source import catalogue_entry
 
         longest = 0.0
         for gib in CARDS_GIB:

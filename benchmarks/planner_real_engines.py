@@ -134,7 +134,7 @@ def _rank_main(rank: int, port: int, config_dir: str, method: str, strategy: tup
     import torch
 
     from finetune_operator.plan import fixed_plan
-    from finetune_operator.plan.meta_count import build_config
+    from finetune_operator.plan.counting.meta_count import build_config
     from finetune_operator.render.deepspeed_config import deepspeed_config
     from finetune_trainer.deepspeed_import import import_deepspeed
 
@@ -167,7 +167,7 @@ def _rank_main(rank: int, port: int, config_dir: str, method: str, strategy: tup
 
 def predicted_bytes(config_dir: str, method: str, strategy: tuple[int, str, str]) -> int:
     from finetune_operator.api.strategy import Strategy
-    from finetune_operator.plan.memory import resident_model_state_bytes
+    from finetune_operator.plan.search.memory import resident_model_state_bytes
     from finetune_operator.plan.workload import workload_from_spec
 
     workload = workload_from_spec(job_spec(config_dir, method, strategy))

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
 if TYPE_CHECKING:
     from finetune_operator.api.spec import FineTuneJobSpec
-    from finetune_operator.plan.planner import PlanResult
+    from finetune_operator.plan.search.planner import PlanResult
 
 ANALYTICAL = [("llama-3.1-70b", "full", 4, 4096), ("llama-3.1-70b", "lora", 1, 4096), ("qwen2.5-72b", "qlora", 1, 8192)]
 TRACED = [("llama-2-7b", "lora"), ("llama-2-7b", "full")]

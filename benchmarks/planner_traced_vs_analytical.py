@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from finetune_operator.api.methods import MethodType
     from finetune_operator.api.spec import FineTuneJobSpec
-    from finetune_operator.plan.activations import activation_bytes
-    from finetune_operator.plan.model_source import catalogue_entry
-    from finetune_operator.plan.traced import trace_training_step
+    from finetune_operator.plan.search.activations import activation_bytes
+    from finetune_operator.plan.search.traced import trace_training_step
+    from finetune_operator.plan.sources.model_source import catalogue_entry
     from finetune_operator.plan.workload import workload_from_spec
 
     mib = 2**20

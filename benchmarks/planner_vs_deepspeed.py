@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from finetune_operator.api.spec import FineTuneJobSpec
     from finetune_operator.api.strategy import Strategy
-    from finetune_operator.plan.memory import estimate_memory
+    from finetune_operator.plan.search.memory import estimate_memory
     from finetune_operator.plan.workload import workload_from_spec
 
     gib = 2**30

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.parse_args(argv)
     from finetune_operator.api.spec import FineTuneJobSpec
     from finetune_operator.api.strategy import Strategy
-    from finetune_operator.plan.memory import estimate_memory
+    from finetune_operator.plan.search.memory import estimate_memory
     from finetune_operator.plan.workload import workload_from_spec
 
     print(f"{'workload':58} {'published':>9} {'plan':>7} {'plan-ctx':>8} {'ratio':>6} {'logits':>7}  counts")

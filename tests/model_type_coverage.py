@@ -147,7 +147,7 @@ def tiny_config(model_type: str, variant: str = "tiny") -> dict[str, Any]:
 
 
 def _meta(config: dict[str, Any], lora_r: int | None, targets: list[str]) -> tuple[int, int, int] | str:
-    from finetune_operator.plan.meta_count import count_on_meta
+    from finetune_operator.plan.counting.meta_count import count_on_meta
 
     try:
         counts = count_on_meta(copy.deepcopy(config), lora_r, targets)
@@ -157,8 +157,8 @@ def _meta(config: dict[str, Any], lora_r: int | None, targets: list[str]) -> tup
 
 
 def _planned(config: dict[str, Any], lora_r: int | None, targets: list[str]) -> tuple[int, int, int] | str:
+    from finetune_operator.plan.counting.param_count import architecture_shape, count_parameters
     from finetune_operator.plan.errors import UnknownArchitectureError
-    from finetune_operator.plan.param_count import architecture_shape, count_parameters
 
     try:
         counts = count_parameters(architecture_shape(config), lora_r, targets)
@@ -172,8 +172,8 @@ CASES: tuple[tuple[int | None, list[str]], ...] = ((None, []), (8, ["all-linear"
 
 def check(model_type: str, variant: str = "tiny") -> Coverage:
     """Exact, refused (naming the model_type), or wrong, for one model_type."""
+    from finetune_operator.plan.counting.param_count import architecture_shape
     from finetune_operator.plan.errors import UnknownArchitectureError
-    from finetune_operator.plan.param_count import architecture_shape
 
     if model_type in EXCLUDED:
         try:

@@ -131,7 +131,7 @@ def run_case(case: dict[str, Any], workdir: Path, on_gpu: bool = True) -> tuple[
     from finetune_kernels.chunked_loss import causal_lm_loss, output_head
     from finetune_operator.api.methods import MethodType
     from finetune_operator.plan import plan_job
-    from finetune_operator.plan.meta_count import build_config
+    from finetune_operator.plan.counting.meta_count import build_config
     from finetune_operator.render.deepspeed_config import deepspeed_config
     from finetune_trainer.model.modeling import compute_settings, effective_deepspeed_config
 

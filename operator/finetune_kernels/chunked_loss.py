@@ -14,7 +14,7 @@ before the backward of its outputs, so the loss must be that module's output. Th
 forward is otherwise unchanged (peft, gradient checkpointing, packing masks, ZeRO hooks).
 
 Shared by the trainer (`finetune_trainer.model.loss`) and the traced planner
-(`finetune_operator.plan.traced`), which must measure the same step; the byte count it implies
+(`finetune_operator.plan.search.traced`), which must measure the same step; the byte count it implies
 is `api.loss_chunks.chunked_loss_bytes`.
 """
 

@@ -145,7 +145,7 @@ def test_three_new_families_from_a_claim_are_planned_from_their_config_and_train
 ) -> None:
     from safetensors.torch import load_file
 
-    from finetune_operator.plan.meta_count import count_on_meta
+    from finetune_operator.plan.counting.meta_count import count_on_meta
 
     families = {family: namespaced() for family in FAMILIES}
     names = {family: family.replace("_", "-") for family in FAMILIES}

@@ -13,7 +13,7 @@ from typing import Any
 from finetune_operator.api import FineTuneJob
 from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_operator.api.status import FineTuneJobStatus, PlanStatus
-from finetune_operator.plan.fixed import fixed_plan
+from finetune_operator.plan.search.fixed import fixed_plan
 from finetune_operator.reconcile.decision import Decision
 from finetune_operator.reconcile.lifecycle import decide
 from finetune_operator.reconcile.observed import observe

@@ -56,7 +56,7 @@ def test_a_gpu_rank_runs_sdpa_with_the_masks_the_plan_counts(monkeypatch: pytest
     import sys
     import types
 
-    from finetune_operator.plan.activations import activation_bytes
+    from finetune_operator.plan.search.activations import activation_bytes
     from finetune_operator.plan.workload import workload_from_spec
 
     monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))

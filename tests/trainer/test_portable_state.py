@@ -88,8 +88,8 @@ def test_checkpoint_is_the_trainable_state_and_loads_into_a_fresh_engine(tmp_pat
 
 
 def test_an_8b_lora_checkpoint_is_adapter_plus_optimizer_state() -> None:
-    from finetune_operator.plan.meta_count import apply_lora, build_meta_model
-    from finetune_operator.plan.model_source import catalogue_entry
+    from finetune_operator.plan.counting.meta_count import apply_lora, build_meta_model
+    from finetune_operator.plan.sources.model_source import catalogue_entry
 
     model = apply_lora(build_meta_model(catalogue_entry("llama-3.1-8b").config), 16, ["all-linear"])
     trainable = _trainable_count(model)

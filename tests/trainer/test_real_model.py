@@ -128,7 +128,7 @@ def test_lora_learns_the_code_keeps_base_weights_and_general_answers(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from finetune_operator.api.catalogue import read_entry
-    from finetune_operator.plan.param_count import architecture_shape, count_parameters
+    from finetune_operator.plan.counting.param_count import architecture_shape, count_parameters
     from finetune_trainer.data.builtin_datasets import WORDS, secret_code_records
 
     words = WORDS[:6]  # a small code, learnable in a few dozen CPU steps

@@ -28,7 +28,7 @@ from finetune_operator.api.reasons import (
     NOT_CAUSAL_LM,
     UNKNOWN_MODEL_TYPE,
 )
-from finetune_operator.plan.model_files import read_folder, read_hub
+from finetune_operator.plan.sources.model_files import read_folder, read_hub
 
 pytestmark = pytest.mark.timeout(60)
 

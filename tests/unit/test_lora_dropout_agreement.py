@@ -13,9 +13,9 @@ import warnings
 
 import pytest
 
+from finetune_operator.plan.counting.meta_count import build_meta_model
+from finetune_operator.plan.counting.param_count import architecture_shape
 from finetune_operator.plan.errors import UnknownArchitectureError
-from finetune_operator.plan.meta_count import build_meta_model
-from finetune_operator.plan.param_count import architecture_shape
 from finetune_operator.plan.workload import adapts_fused_experts
 from finetune_trainer.model.modeling import fused_expert_parameters
 from tests.model_type_coverage import decoder_only_text_types, tiny_config

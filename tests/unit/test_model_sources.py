@@ -21,7 +21,7 @@ from finetune_localcluster.hub_server import HubServer
 from finetune_operator.api.job import FineTuneJob
 from finetune_operator.api.model_inspection import ModelInspection
 from finetune_operator.api.reasons import MODEL_GATED
-from finetune_operator.plan.model_files import read_folder
+from finetune_operator.plan.sources.model_files import read_folder
 from finetune_operator.reconcile.model_sources import HubSettings, ModelSources
 from finetune_operator.reconcile.observed import Observed, observe, pod_view
 from finetune_operator.reconcile.runner import Reconciler

@@ -16,7 +16,7 @@ from finetune_operator.api.object_storage import ConfigMapKey, ObjectStorageSpec
 from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_operator.cli.main import main
 from finetune_operator.plan import fixed_plan
-from finetune_operator.plan.storage import SharedStorageError, check_shared_storage, written_claims
+from finetune_operator.plan.admission.storage import SharedStorageError, check_shared_storage, written_claims
 from finetune_operator.render.manifests import render_all
 from finetune_operator.render.options import RenderOptions
 from tests.factories import job_document, make_job
@@ -172,7 +172,7 @@ def test_jobs_without_s3_render_as_before() -> None:
 
 def test_planning_an_s3_model_asks_for_its_architecture() -> None:
     from finetune_operator.plan.errors import UnknownArchitectureError
-    from finetune_operator.plan.model_source import resolve_model
+    from finetune_operator.plan.sources.model_source import resolve_model
 
     with pytest.raises(UnknownArchitectureError, match=r"does not read object storage.*model\.architecture"):
         resolve_model(make_job(model={"uri": "s3://models/x"}, **CREDS).spec.model)

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from finetune_operator.api.methods import MethodType
-from finetune_operator.plan.memory import persistent_adapter_params
+from finetune_operator.plan.search.memory import persistent_adapter_params
 from finetune_operator.plan.workload import Workload, workload_from_spec
 from tests.factories import make_job
 

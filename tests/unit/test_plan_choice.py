@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from finetune_operator.plan import DoesNotFitError, choose_plan, next_frugal_plan, plan_job
-from finetune_operator.plan.candidates import frugality_tier
-from finetune_operator.plan.planner import PlanResult
+from finetune_operator.plan.search.candidates import frugality_tier
+from finetune_operator.plan.search.planner import PlanResult
 
 GIB = 2**30
 

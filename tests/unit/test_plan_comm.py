@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from finetune_operator.plan.comm import bytes_per_step
+from finetune_operator.plan.search.comm import bytes_per_step
 
 GRAD = 2
 TRAINABLE = 1_000_000

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from finetune_operator.plan.counting.param_count import architecture_shape, count_parameters
 from finetune_operator.plan.errors import UnknownArchitectureError
-from finetune_operator.plan.model_source import catalogue_entries, catalogue_entry
-from finetune_operator.plan.param_count import architecture_shape, count_parameters
+from finetune_operator.plan.sources.model_source import catalogue_entries, catalogue_entry
 
 PUBLISHED_TOTALS = {
     "llama-2-7b": 6_738_415_616,
@@ -86,7 +86,7 @@ def _meta_params() -> list[object]:
 def test_closed_form_equals_meta_device_counts(entry: str) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("peft")
-    from finetune_operator.plan.meta_count import count_on_meta
+    from finetune_operator.plan.counting.meta_count import count_on_meta
 
     config = catalogue_entry(entry).config
     closed = count_parameters(architecture_shape(config), 16, ["all-linear"])
@@ -132,9 +132,9 @@ def test_half_of_a_fused_expert_weight_is_refused_as_peft_refuses_it() -> None:
 def test_moe_layers_follow_the_config_interleave() -> None:
     """DeepSeek-style dense layers first (transformers ignores `moe_layer_freq`); Qwen's sparse step and dense
     list."""
-    from finetune_operator.plan.config_keys import ConfigView
-    from finetune_operator.plan.decoder_layout import moe_layer_count
-    from finetune_operator.plan.decoder_spec import MoeSpec
+    from finetune_operator.plan.counting.config_keys import ConfigView
+    from finetune_operator.plan.counting.decoder_layout import moe_layer_count
+    from finetune_operator.plan.counting.decoder_spec import MoeSpec
 
     deepseek = ConfigView({"first_k_dense_replace": 3, "moe_layer_freq": 2}, "deepseek_v3")
     assert moe_layer_count(MoeSpec(layers="first_k_dense"), deepseek, 10) == 7  # layers 3 to 9

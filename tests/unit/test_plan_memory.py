@@ -9,9 +9,9 @@ import pytest
 
 from finetune_operator.api.loss_chunks import HIDDEN_COPIES
 from finetune_operator.api.strategy import Strategy
-from finetune_operator.plan.activations import PACKED_CPU_ATTENTION_BYTES_PER_SCORE, activation_bytes
-from finetune_operator.plan.memory import estimate_memory
-from finetune_operator.plan.planner import plan_job
+from finetune_operator.plan.search.activations import PACKED_CPU_ATTENTION_BYTES_PER_SCORE, activation_bytes
+from finetune_operator.plan.search.memory import estimate_memory
+from finetune_operator.plan.search.planner import plan_job
 from finetune_operator.plan.workload import Workload, workload_from_spec
 from tests.factories import make_job
 

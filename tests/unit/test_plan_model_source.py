@@ -9,7 +9,7 @@ import pytest
 
 from finetune_operator.plan import DoesNotFitError, ModelConfigNotFoundError, UnknownArchitectureError, plan_job
 from finetune_operator.plan.errors import PlanningError
-from finetune_operator.plan.model_source import resolve_model, resolve_reference
+from finetune_operator.plan.sources.model_source import resolve_model, resolve_reference
 from tests.factories import make_job
 
 
@@ -29,7 +29,7 @@ def test_catalogue_names_and_aliases_resolve(reference: str, entry: str) -> None
 
 def test_every_catalogue_name_and_hub_id_resolves_to_its_entry() -> None:
     from finetune_operator.api.catalogue import read_entry
-    from finetune_operator.plan.model_source import catalogue_entries
+    from finetune_operator.plan.sources.model_source import catalogue_entries
 
     for entry in catalogue_entries():
         for reference in (entry, *read_entry(entry, private=True)["_names"]):

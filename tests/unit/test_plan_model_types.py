@@ -79,8 +79,8 @@ def test_at_least_forty_decoder_only_text_types_are_exact() -> None:
 
 def test_an_encoder_is_refused_by_name_not_counted() -> None:
     """An encoder in the causal-LM mapping (BERT's LM head) is not a family the planner pretends to count."""
+    from finetune_operator.plan.counting.param_count import architecture_shape
     from finetune_operator.plan.errors import UnknownArchitectureError
-    from finetune_operator.plan.param_count import architecture_shape
 
     with pytest.raises(UnknownArchitectureError, match="'bert'"):
         architecture_shape({"model_type": "bert", "hidden_size": 64, "num_attention_heads": 4})
@@ -90,9 +90,9 @@ def test_what_a_config_leaves_out_is_the_configuration_class_default() -> None:
     """The counter's table of defaults is transformers' own, for every family it counts."""
     from transformers import SiglipVisionConfig
 
-    from finetune_operator.plan.families import FAMILIES
-    from finetune_operator.plan.family_defaults import FAMILY_DEFAULTS
-    from finetune_operator.plan.vision_towers import SIGLIP_DEFAULTS
+    from finetune_operator.plan.counting.families import FAMILIES
+    from finetune_operator.plan.counting.family_defaults import FAMILY_DEFAULTS
+    from finetune_operator.plan.counting.vision_towers import SIGLIP_DEFAULTS
     from tests.model_type_coverage import config_class_defaults
 
     assert set(FAMILY_DEFAULTS) == set(FAMILIES)
@@ -104,9 +104,9 @@ def test_what_a_config_leaves_out_is_the_configuration_class_default() -> None:
 
 def test_gemma3_as_published_counts_like_the_model_transformers_builds() -> None:
     """google/gemma-3-4b-pt's config.json as published: text_config names only what differs from the defaults."""
-    from finetune_operator.plan.meta_count import count_on_meta
-    from finetune_operator.plan.model_source import catalogue_entry
-    from finetune_operator.plan.param_count import architecture_shape
+    from finetune_operator.plan.counting.meta_count import count_on_meta
+    from finetune_operator.plan.counting.param_count import architecture_shape
+    from finetune_operator.plan.sources.model_source import catalogue_entry
 
     config = catalogue_entry("gemma-3-4b").config
     omitted = ("num_attention_heads", "num_key_value_heads", "head_dim", "query_pre_attn_scalar", "vocab_size")

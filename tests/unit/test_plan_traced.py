@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from finetune_operator.plan.activations import activation_bytes
-from finetune_operator.plan.model_source import catalogue_entries, catalogue_entry
+from finetune_operator.plan.search.activations import activation_bytes
+from finetune_operator.plan.sources.model_source import catalogue_entries, catalogue_entry
 from finetune_operator.plan.workload import workload_from_spec
 from tests.factories import make_job
 
@@ -35,7 +35,7 @@ def test_analytical_activation_peak_is_within_5_percent_of_the_traced_one(
 ) -> None:
     """Every catalogue model, cut to two layers (what differs is per layer, and at two layers the
     terms outside the layers weigh most), default LoRA (all-linear, dropout where allowed)."""
-    from finetune_operator.plan.traced import trace_training_step
+    from finetune_operator.plan.search.traced import trace_training_step
 
     layers, seq = 2, 512
     spec = make_job(
@@ -74,7 +74,7 @@ def test_lora_settings_the_analytical_peak_follows(
     arch: str, dropout: float, targets: list[str], checkpointing: bool
 ) -> None:
     """Dropout on or off and partial targets change what LoRA keeps: within 5 % at 2 × 1024."""
-    from finetune_operator.plan.traced import trace_training_step
+    from finetune_operator.plan.search.traced import trace_training_step
 
     layers, seq = 2, 1024
     spec = make_job(
@@ -99,7 +99,7 @@ def test_lora_settings_the_analytical_peak_follows(
 
 def test_the_traced_checked_families_are_the_catalogues() -> None:
     """`TRACED_FAMILIES` (no note in the plan) is exactly what the 5 % test above covers."""
-    from finetune_operator.plan.activation_traits import TRACED_FAMILIES
+    from finetune_operator.plan.counting.activation_traits import TRACED_FAMILIES
 
     assert {str(catalogue_entry(entry).config["model_type"]) for entry in catalogue_entries()} == TRACED_FAMILIES
 
@@ -108,7 +108,7 @@ def test_cuda_dropout_keeps_a_boolean_mask() -> None:
     """The trace plans GPUs: its dropout keeps CUDA's one-byte mask, not the CPU's bf16 one."""
     import torch
 
-    from finetune_operator.plan.traced import LiveStorageBytes, _dropout_as_on_cuda
+    from finetune_operator.plan.search.traced import LiveStorageBytes, _dropout_as_on_cuda
 
     def kept_after_dropout(cuda: bool) -> int:
         model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Dropout(0.1)).to(torch.bfloat16)

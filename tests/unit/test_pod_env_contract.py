@@ -19,7 +19,7 @@ from finetune_operator.api.pod_env import (
     PodEnv,
 )
 from finetune_operator.api.spec import RESERVED_ENV
-from finetune_operator.plan.fixed import fixed_plan
+from finetune_operator.plan.search.fixed import fixed_plan
 from finetune_operator.render.manifests import render_all
 from finetune_operator.render.object_storage import effective
 from finetune_operator.render.options import RenderOptions

@@ -38,7 +38,7 @@ CASES = [
 def _optimizer(kind: str, params: list[Any]) -> Any:
     import torch
 
-    from finetune_operator.plan.fixed import fixed_plan
+    from finetune_operator.plan.search.fixed import fixed_plan
     from finetune_trainer.rank.rank_setup import client_optimizer
     from tests.factories import make_job
 

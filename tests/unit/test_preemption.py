@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from finetune_operator.api import FineTuneJob
 from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.status import FineTuneJobStatus, PlanStatus, Progress
-from finetune_operator.plan.fixed import fixed_plan
+from finetune_operator.plan.search.fixed import fixed_plan
 from finetune_operator.reconcile.progress import Sample, parse, to_progress
 from finetune_operator.render.manifests import gang_hash, render_all
 from finetune_operator.render.options import RenderOptions

@@ -9,7 +9,7 @@ import pytest
 
 from finetune_operator.api import FineTuneJob
 from finetune_operator.api.status import PlanStatus
-from finetune_operator.plan.fixed import fixed_plan
+from finetune_operator.plan.search.fixed import fixed_plan
 from finetune_operator.render.config_files import cluster_hostfile
 from finetune_operator.render.deepspeed_config import deepspeed_config
 from finetune_operator.render.manifests import config_hash, config_map, gang_hash, render_all
@@ -228,7 +228,7 @@ def test_the_reduce_bucket_is_no_larger_than_what_trains(trainable: int | None, 
 
 
 def test_the_planner_records_the_trainable_count_it_sized_the_buckets_for() -> None:
-    from finetune_operator.plan.planner import plan_job
+    from finetune_operator.plan.search.planner import plan_job
 
     j = job(model={"uri": "org/model", "architecture": "llama-3.1-8b"}, method={"type": "lora"})
     status = plan_job(j.spec).to_status()

@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from finetune_operator.api import FineTuneJob
-from finetune_operator.plan.fixed import fixed_plan
+from finetune_operator.plan.search.fixed import fixed_plan
 from finetune_operator.render.manifests import render_all
 from finetune_operator.render.options import GpuPlacement, RenderOptions
 from finetune_operator.render.workers import NCCL_ENV

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from finetune_operator.plan.scheduling_policy import SchedulingPolicy
+from finetune_operator.plan.admission.scheduling_policy import SchedulingPolicy
 from finetune_operator.reconcile.decision import PlanFailed
 from finetune_operator.reconcile.runner import plan_or_fail
 from tests.factories import make_job

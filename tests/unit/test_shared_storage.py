@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from finetune_operator.api import FineTuneJob
-from finetune_operator.plan.storage import SharedStorageError, check_shared_storage, written_claims
+from finetune_operator.plan.admission.storage import SharedStorageError, check_shared_storage, written_claims
 from finetune_operator.reconcile.decision import PlanFailed
 from finetune_operator.reconcile.observed import observe, pod_view
 from finetune_operator.reconcile.runner import plan_or_fail

@@ -10,7 +10,7 @@ import pytest
 from finetune_operator.api.pod_contract import CheckpointState
 from finetune_operator.api.status import PlanStatus
 from finetune_operator.api.strategy import Strategy
-from finetune_operator.plan.planner import candidate_json, plan_job
+from finetune_operator.plan.search.planner import candidate_json, plan_job
 from tests.factories import make_job
 
 RECORDED_STRATEGY: dict[str, Any] = {

@@ -14,7 +14,7 @@ import yaml
 
 from finetune_operator.api.tracking import TrackingResult, mlflow_settings
 from finetune_operator.cli.main import main
-from finetune_operator.plan.fixed import fixed_plan
+from finetune_operator.plan.search.fixed import fixed_plan
 from finetune_operator.reconcile.tracking import TrackingReport, parse_report
 from finetune_operator.render.manifests import gang_hash, render_all
 from finetune_operator.render.options import RenderOptions

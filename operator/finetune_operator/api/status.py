@@ -13,6 +13,7 @@ from pydantic import Field
 
 from .base import ApiModel
 from .reasons import State
+from .strategy import StrategyFields
 from .tracking import TrackingResult
 
 
@@ -43,15 +44,9 @@ class RejectedCandidate(ApiModel):
     reason: Annotated[str, Field(max_length=1024)]
 
 
-class PlanStatus(ApiModel):
+class PlanStatus(StrategyFields):
     """The strategy in force, why it was chosen, and what was rejected."""
 
-    zero_stage: Annotated[int, Field(ge=0, le=3)]
-    offload_optimizer: Annotated[str, Field(pattern=r"^(none|cpu|nvme)$")]
-    offload_params: Annotated[str, Field(pattern=r"^(none|cpu|nvme)$")]
-    gradient_checkpointing: bool
-    micro_batch_size: Annotated[int, Field(ge=1)]
-    gradient_accumulation_steps: Annotated[int, Field(ge=1)]
     per_gpu_bytes: Annotated[int, Field(ge=0)]
     gpu_memory_bytes: Annotated[int, Field(ge=0)]
     host_bytes_per_node: Annotated[int, Field(ge=0)] = 0

@@ -8,7 +8,7 @@ is the one every message, table and log line shows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import Field
 
@@ -20,10 +20,8 @@ if TYPE_CHECKING:
 OFFLOAD_PATTERN = r"^(none|cpu|nvme)$"
 
 
-class Strategy(ApiModel):
-    """What DeepSpeed shards or offloads and the batch shape; `world_size` is set once the ranks are
-    known (the trainer's, and a checkpoint's record of it) and unset in a plan, which is for the
-    job's own ranks. Checkpoints recorded before `gradientCheckpointing` was kept still parse."""
+class StrategyFields(ApiModel):
+    """The six choices of a strategy, as `Strategy` and `status.plan` (`PlanStatus`) both carry them."""
 
     zero_stage: Annotated[int, Field(ge=0, le=3)]
     offload_optimizer: Annotated[str, Field(pattern=OFFLOAD_PATTERN)] = "none"
@@ -31,6 +29,17 @@ class Strategy(ApiModel):
     gradient_checkpointing: bool = False
     micro_batch_size: Annotated[int, Field(ge=1)]
     gradient_accumulation_steps: Annotated[int, Field(ge=1)]
+
+    def strategy_fields(self) -> dict[str, Any]:
+        """The six choices by field name, to build the other kind from."""
+        return {name: getattr(self, name) for name in StrategyFields.model_fields}
+
+
+class Strategy(StrategyFields):
+    """What DeepSpeed shards or offloads and the batch shape; `world_size` is set once the ranks are
+    known (the trainer's, and a checkpoint's record of it) and unset in a plan, which is for the
+    job's own ranks. Checkpoints recorded before `gradientCheckpointing` was kept still parse."""
+
     world_size: Annotated[int, Field(ge=1)] | None = None
 
     CHECKPOINT_FIELDS: ClassVar[tuple[str, ...]] = (
@@ -46,15 +55,7 @@ class Strategy(ApiModel):
     @classmethod
     def from_plan(cls, plan: PlanStatus, world_size: int | None = None) -> Strategy:
         """The strategy `status.plan` chose, run on `world_size` ranks (None: not yet placed)."""
-        return cls(
-            zero_stage=plan.zero_stage,
-            offload_optimizer=plan.offload_optimizer,
-            offload_params=plan.offload_params,
-            gradient_checkpointing=plan.gradient_checkpointing,
-            micro_batch_size=plan.micro_batch_size,
-            gradient_accumulation_steps=plan.gradient_accumulation_steps,
-            world_size=world_size,
-        )
+        return cls(**plan.strategy_fields(), world_size=world_size)
 
     @property
     def global_batch(self) -> int:

@@ -57,7 +57,7 @@ def transformers_verdict(config: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def inspect(args: argparse.Namespace) -> ModelInspection:
-    from ..plan.model_files import read_folder, read_hub
+    from ..plan.sources.model_files import read_folder, read_hub
 
     if args.folder is not None:
         result = read_folder(args.folder, args.origin or str(args.folder))

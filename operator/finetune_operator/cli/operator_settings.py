@@ -21,7 +21,7 @@ from ..render.options import DEFAULT_HUB_ENDPOINT, GpuPlacement, RenderOptions
 
 if TYPE_CHECKING:  # imported when the operator starts, not when `ftjob` parses its flags
     from ..handlers.dispatch import HandlerSettings
-    from ..plan.scheduling_policy import SchedulingPolicy
+    from ..plan.admission.scheduling_policy import SchedulingPolicy
     from ..reconcile.model_sources import HubSettings
 
 
@@ -88,7 +88,7 @@ class OperatorSettings:
         """The settings, or SystemExit naming the flag that is wrong."""
         _check(args)
         from ..handlers.dispatch import HandlerSettings
-        from ..plan.scheduling_policy import SchedulingPolicy
+        from ..plan.admission.scheduling_policy import SchedulingPolicy
         from ..reconcile.model_sources import HubSettings
 
         return cls(

@@ -13,9 +13,9 @@ import sys
 
 from ..api.base import quantity_bytes
 from ..plan import DoesNotFitError, PlanningError, plan_job
-from ..plan.activation_traits import activation_note
-from ..plan.memory import BREAKDOWN_KEYS
-from ..plan.planner import PlanResult
+from ..plan.counting.activation_traits import activation_note
+from ..plan.search.memory import BREAKDOWN_KEYS
+from ..plan.search.planner import PlanResult
 from .manifests import load_one
 
 COLUMN_TITLES = {

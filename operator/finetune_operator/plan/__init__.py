@@ -1,7 +1,11 @@
 """Memory planning: which ZeRO stage, offload, micro-batch and checkpointing fit.
 
-Pure: no kopf, no Kubernetes client, no torch at import time. `meta_count` and
-`traced` (torch, transformers, peft) are imported only when asked for.
+Pure: no kopf, no Kubernetes client, no torch at import time. `counting.meta_count` and
+`search.traced` (torch, transformers, peft) are imported only when asked for.
+
+Four rooms, layered (import-linter): `search` (the strategy search) → `admission` (what a job
+may ask) → `workload` (everything memory depends on, gathered once from the spec) → `sources`
+(where the model comes from) | `counting` (the model counted from its config) → `errors`.
 
 - `choose_plan(spec)`: the `status.plan` the operator and `ftjob run` use;
 - `plan_job(spec, gpu_memory_bytes=None, traced=False)`: every candidate, explained;
@@ -10,17 +14,17 @@ Pure: no kopf, no Kubernetes client, no torch at import time. `meta_count` and
 - `fixed_plan(spec)`: the spec taken literally, without a memory model.
 """
 
-from . import comm
-from .errors import (
+from finetune_operator.plan.errors import (
     DoesNotFitError,
     InvalidModelError,
     ModelConfigNotFoundError,
     PlanningError,
     UnknownArchitectureError,
 )
-from .fixed import fixed_plan
-from .planner import PlanResult, choose_plan, plan_job
-from .replan import next_frugal_plan
+from finetune_operator.plan.search import comm
+from finetune_operator.plan.search.fixed import fixed_plan
+from finetune_operator.plan.search.planner import PlanResult, choose_plan, plan_job
+from finetune_operator.plan.search.replan import next_frugal_plan
 
 __all__ = [
     "DoesNotFitError",

@@ -7,7 +7,7 @@ callers never have to pattern-match on messages.
 
 from __future__ import annotations
 
-from ..api import reasons
+from finetune_operator.api import reasons
 
 
 class PlanningError(ValueError):

@@ -13,14 +13,11 @@ from dataclasses import dataclass, field, replace
 from functools import wraps
 from typing import TypeVar
 
-from ..api.base import quantity_bytes
-from ..api.lora_rules import UnsupportedSetting, resolve_lora_dropout
-from ..api.methods import MethodTraits, MethodType, method_traits
-from ..api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec
-from .errors import InvalidModelError, PlanningError, UnsupportedSettingError
-from .model_files import not_causal
-from .model_source import ModelSource, resolve_model
-from .param_count import (
+from finetune_operator.api.base import quantity_bytes
+from finetune_operator.api.lora_rules import UnsupportedSetting, resolve_lora_dropout
+from finetune_operator.api.methods import MethodTraits, MethodType, method_traits
+from finetune_operator.api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec
+from finetune_operator.plan.counting.param_count import (
     ArchitectureShape,
     ParameterCounts,
     WeightGroup,
@@ -29,6 +26,9 @@ from .param_count import (
     is_adapted,
     lora_rank,
 )
+from finetune_operator.plan.errors import InvalidModelError, PlanningError, UnsupportedSettingError
+from finetune_operator.plan.sources.model_files import not_causal
+from finetune_operator.plan.sources.model_source import ModelSource, resolve_model
 
 GIB = 2**30
 RUNTIME_OVERHEAD_BYTES = 1 * GIB
@@ -212,9 +212,7 @@ def _lora_dropout(spec: FineTuneJobSpec, shape: ArchitectureShape, model: str) -
         raise UnsupportedSettingError(str(exc)) from None
 
 
-def workload_from_spec(
-    spec: FineTuneJobSpec, local_files: bool = True, source: ModelSource | None = None
-) -> Workload:
+def workload_from_spec(spec: FineTuneJobSpec, local_files: bool = True, source: ModelSource | None = None) -> Workload:
     """Resolve the model, count its parameters under the job's method and collect the rest
     (`local_files=False`: never read an absolute model path, see `resolve_model`; `source`: the
     model's own config.json, read by the caller)."""

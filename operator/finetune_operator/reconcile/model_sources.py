@@ -34,8 +34,8 @@ from ..api.model_inspection import RETRIED, ModelInspection
 from ..api.model_uri import HubModel, claim_model, hub_model
 from ..api.reasons import HUB_UNREACHABLE, INSPECTING_MODEL, INSPECTION_FAILED
 from ..plan.errors import PlanningError
-from ..plan.model_files import read_hub
-from ..plan.model_source import ModelSource, from_inspection, resolve_reference
+from ..plan.sources.model_files import read_hub
+from ..plan.sources.model_source import ModelSource, from_inspection, resolve_reference
 from ..render.model_inspector import (
     inspector_name,
     inspector_pod,

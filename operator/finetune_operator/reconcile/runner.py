@@ -27,10 +27,10 @@ from ..api.spec import FineTuneJobSpec
 from ..api.status import FineTuneJobStatus, PlanStatus
 from ..api.timestamps import parse_timestamp
 from ..plan import choose_plan, next_frugal_plan
+from ..plan.admission.scheduling_policy import SchedulingPolicy
+from ..plan.admission.storage import check_shared_storage, written_claims
 from ..plan.errors import PlanningError
-from ..plan.model_source import ModelSource
-from ..plan.scheduling_policy import SchedulingPolicy
-from ..plan.storage import check_shared_storage, written_claims
+from ..plan.sources.model_source import ModelSource
 from ..render.manifests import gang_hash, render_gang
 from ..render.options import RenderOptions
 from . import metrics

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .config_keys import ConfigView
+from finetune_operator.plan.counting.config_keys import ConfigView
 
 
 @dataclass(frozen=True)

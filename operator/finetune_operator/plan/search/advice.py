@@ -6,9 +6,9 @@ change that would not actually fit.
 
 from __future__ import annotations
 
-from .candidates import Candidate, Pins, evaluate_all, pick
-from .memory import frozen_weight_bytes
-from .workload import GIB, Workload
+from finetune_operator.plan.search.candidates import Candidate, Pins, evaluate_all, pick
+from finetune_operator.plan.search.memory import frozen_weight_bytes
+from finetune_operator.plan.workload import GIB, Workload
 
 MAX_GPU_MULTIPLIER = 64
 MIN_SEQUENCE = 256

@@ -41,9 +41,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..api.loss_chunks import chunked_loss_bytes
-from .activation_traits import FamilyActivationTraits, family_traits
-from .workload import Workload, per_workload
+from finetune_operator.api.loss_chunks import chunked_loss_bytes
+from finetune_operator.plan.counting.activation_traits import FamilyActivationTraits, family_traits
+from finetune_operator.plan.workload import Workload, per_workload
 
 LOGIT_BYTES_PER_VOCAB = 12
 SOFTCAP_EXTRA_BYTES_PER_VOCAB = 2
@@ -286,9 +286,7 @@ def _pre_norm_recompute_transient_per_token(workload: Workload) -> int:
     adapted = _adapted_modules(workload)
     keeps_inputs = workload.traits.base_trains or workload.lora_dropout == 0
     keeps_mlp_input = keeps_inputs and (workload.traits.base_trains or bool(adapted & (MLP_INPUTS | {"router"})))
-    keeps_product = shape.num_experts > 1 or (
-        keeps_inputs and (workload.traits.base_trains or "down_proj" in adapted)
-    )
+    keeps_product = shape.num_experts > 1 or (keeps_inputs and (workload.traits.base_trains or "down_proj" in adapted))
     return e * (4 * h + (0 if keeps_mlp_input else h) + (0 if keeps_product else inter))
 
 

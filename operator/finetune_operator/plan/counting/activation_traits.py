@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .param_count import ArchitectureShape
+from finetune_operator.plan.counting.param_count import ArchitectureShape
 
 
 @dataclass(frozen=True)

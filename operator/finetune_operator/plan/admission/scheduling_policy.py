@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..api.pod_template import token_volume_fields
-from ..api.spec import FineTuneJobSpec
-from ..api.toleration import Toleration
-from .errors import PlanningError
+from finetune_operator.api.pod_template import token_volume_fields
+from finetune_operator.api.spec import FineTuneJobSpec
+from finetune_operator.api.toleration import Toleration
+from finetune_operator.plan.errors import PlanningError
 
 OPERATOR_TOLERATION_KEYS = ("nvidia.com/gpu",)
 """Tolerations the operator adds itself to GPU pods: always allowed."""

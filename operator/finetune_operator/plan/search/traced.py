@@ -35,10 +35,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from finetune_kernels.chunked_loss import causal_lm_loss, output_head
-
-from .meta_count import apply_lora, build_meta_model
-from .param_count import architecture_shape
-from .workload import adapts_fused_experts
+from finetune_operator.plan.counting.meta_count import apply_lora, build_meta_model
+from finetune_operator.plan.counting.param_count import architecture_shape
+from finetune_operator.plan.workload import adapts_fused_experts
 
 
 @dataclass(frozen=True)

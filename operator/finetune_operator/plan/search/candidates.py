@@ -10,11 +10,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..api.spec import FineTuneJobSpec
-from ..api.strategy import Strategy
-from .comm import StepTime, bytes_per_step, step_time
-from .memory import MemoryEstimate, estimate_memory, frozen_weight_bytes, persisted_param_bytes
-from .workload import Workload
+from finetune_operator.api.spec import FineTuneJobSpec
+from finetune_operator.api.strategy import Strategy
+from finetune_operator.plan.search.comm import StepTime, bytes_per_step, step_time
+from finetune_operator.plan.search.memory import (
+    MemoryEstimate,
+    estimate_memory,
+    frozen_weight_bytes,
+    persisted_param_bytes,
+)
+from finetune_operator.plan.workload import Workload
 
 GIB = 2**30
 

@@ -14,14 +14,24 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..api.loss_chunks import HEAD_POSTPROCESSING_ATTRIBUTES
-from .config_keys import ConfigView
-from .decoder_layout import decoder_layout
-from .decoder_spec import OFF, ON, AttentionSpec, Extra, FamilySpec, MlpSpec, MoeSpec, SizeRule, key
-from .errors import UnknownArchitectureError
-from .family_defaults import FAMILY_DEFAULTS
-from .vision_towers import gemma3_layout
-from .weight_groups import ArchitectureShape, largest_module
+from finetune_operator.api.loss_chunks import HEAD_POSTPROCESSING_ATTRIBUTES
+from finetune_operator.plan.counting.config_keys import ConfigView
+from finetune_operator.plan.counting.decoder_layout import decoder_layout
+from finetune_operator.plan.counting.decoder_spec import (
+    OFF,
+    ON,
+    AttentionSpec,
+    Extra,
+    FamilySpec,
+    MlpSpec,
+    MoeSpec,
+    SizeRule,
+    key,
+)
+from finetune_operator.plan.counting.family_defaults import FAMILY_DEFAULTS
+from finetune_operator.plan.counting.vision_towers import gemma3_layout
+from finetune_operator.plan.counting.weight_groups import ArchitectureShape, largest_module
+from finetune_operator.plan.errors import UnknownArchitectureError
 
 
 def _shared(size_key: str, count_key: str | None = None, count_default: int = 1) -> SizeRule:

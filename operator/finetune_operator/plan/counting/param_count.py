@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UnknownArchitectureError
-from .families import describe
-from .weight_groups import ArchitectureShape, WeightGroup
+from finetune_operator.plan.counting.families import describe
+from finetune_operator.plan.counting.weight_groups import ArchitectureShape, WeightGroup
+from finetune_operator.plan.errors import UnknownArchitectureError
 
 ALL_LINEAR = "all-linear"
 

@@ -8,11 +8,11 @@ number (`status.plan.modelBytes`), which sizes each pod's cache claim, and a req
 
 from __future__ import annotations
 
-from ..api.model_cache import too_small
-from ..api.model_uri import is_hub_uri
-from ..api.spec import FineTuneJobSpec
-from .errors import UnsupportedSettingError
-from .workload import Workload
+from finetune_operator.api.model_cache import too_small
+from finetune_operator.api.model_uri import is_hub_uri
+from finetune_operator.api.spec import FineTuneJobSpec
+from finetune_operator.plan.errors import UnsupportedSettingError
+from finetune_operator.plan.workload import Workload
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
 

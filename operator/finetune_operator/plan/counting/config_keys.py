@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import UnknownArchitectureError
-from .family_defaults import FAMILY_DEFAULTS
+from finetune_operator.plan.counting.family_defaults import FAMILY_DEFAULTS
+from finetune_operator.plan.errors import UnknownArchitectureError
 
 ALIASES: dict[str, tuple[str, ...]] = {
     "hidden_size": ("hidden_size", "n_embd", "d_model"),

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .config_keys import ConfigView
-from .decoder_layout import DecoderLayout, decoder_layout
-from .decoder_spec import FamilySpec, Switch
-from .weight_groups import WeightGroup, linear
+from finetune_operator.plan.counting.config_keys import ConfigView
+from finetune_operator.plan.counting.decoder_layout import DecoderLayout, decoder_layout
+from finetune_operator.plan.counting.decoder_spec import FamilySpec, Switch
+from finetune_operator.plan.counting.weight_groups import WeightGroup, linear
 
 
 def siglip_groups(vision: ConfigView) -> list[WeightGroup]:

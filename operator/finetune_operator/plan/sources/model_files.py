@@ -16,10 +16,16 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
-from ..api.model_cache import DOWNLOADED_PATTERNS
-from ..api.model_inspection import ModelInspection
-from ..api.model_uri import HubModel
-from ..api.reasons import HUB_UNREACHABLE, MODEL_ACCESS_DENIED, MODEL_GATED, MODEL_NOT_FOUND, NOT_CAUSAL_LM
+from finetune_operator.api.model_cache import DOWNLOADED_PATTERNS
+from finetune_operator.api.model_inspection import ModelInspection
+from finetune_operator.api.model_uri import HubModel
+from finetune_operator.api.reasons import (
+    HUB_UNREACHABLE,
+    MODEL_ACCESS_DENIED,
+    MODEL_GATED,
+    MODEL_NOT_FOUND,
+    NOT_CAUSAL_LM,
+)
 
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 """Class-name endings of the architectures transformers' AutoModelForCausalLM builds."""
@@ -126,9 +132,7 @@ def read_hub(model: HubModel, *, endpoint: str, token: str | None, token_source:
         )  # fmt: skip
     except RepositoryNotFoundError:
         private = "" if token else f" or is private (then set {TOKEN_FIELD})"
-        return ModelInspection.failed(
-            origin, MODEL_NOT_FOUND, f"spec.model.uri: {where} does not exist{private}"
-        )
+        return ModelInspection.failed(origin, MODEL_NOT_FOUND, f"spec.model.uri: {where} does not exist{private}")
     except RemoteEntryNotFoundError:
         return ModelInspection.failed(
             origin, MODEL_NOT_FOUND, f"spec.model.uri: {where} has no config.json (not a transformers model)"

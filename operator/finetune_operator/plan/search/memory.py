@@ -32,9 +32,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..api.strategy import Strategy
-from .activations import activation_bytes
-from .workload import HOST_BASELINE_PER_RANK, Workload, per_workload
+from finetune_operator.api.strategy import Strategy
+from finetune_operator.plan.search.activations import activation_bytes
+from finetune_operator.plan.workload import HOST_BASELINE_PER_RANK, Workload, per_workload
 
 BREAKDOWN_KEYS = (
     "weights",

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..api.spec import FineTuneJobSpec
-from ..api.storage_uri import Scheme, StorageUri
-from .errors import PlanningError
+from finetune_operator.api.spec import FineTuneJobSpec
+from finetune_operator.api.storage_uri import Scheme, StorageUri
+from finetune_operator.plan.errors import PlanningError
 
 
 class SharedStorageError(PlanningError):

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..api.spec import FineTuneJobSpec
-from ..api.status import PlanStatus
-from ..api.strategy import Strategy
-from .candidates import Candidate, Pins, evaluate_all
-from .model_source import ModelSource
-from .planner import explain, rejected_alternatives, status_of
-from .workload import DEFAULT_FIT_MARGIN, workload_from_spec
+from finetune_operator.api.spec import FineTuneJobSpec
+from finetune_operator.api.status import PlanStatus
+from finetune_operator.api.strategy import Strategy
+from finetune_operator.plan.search.candidates import Candidate, Pins, evaluate_all
+from finetune_operator.plan.search.planner import explain, rejected_alternatives, status_of
+from finetune_operator.plan.sources.model_source import ModelSource
+from finetune_operator.plan.workload import DEFAULT_FIT_MARGIN, workload_from_spec
 
 LADDER = (
     (0, "none", "none"),

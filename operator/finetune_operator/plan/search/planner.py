@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api.spec import FineTuneJobSpec
-from ..api.status import MemoryBreakdown, PlanStatus, RejectedCandidate
-from .advice import what_would_fit
-from .candidates import Candidate, Pins, evaluate_all, pick
-from .errors import DoesNotFitError
-from .model_bytes import check_model_cache, model_bytes
-from .model_source import ModelSource
-from .workload import DEFAULT_FIT_MARGIN, GIB, Workload, workload_from_spec
+from finetune_operator.api.spec import FineTuneJobSpec
+from finetune_operator.api.status import MemoryBreakdown, PlanStatus, RejectedCandidate
+from finetune_operator.plan.admission.model_bytes import check_model_cache, model_bytes
+from finetune_operator.plan.errors import DoesNotFitError
+from finetune_operator.plan.search.advice import what_would_fit
+from finetune_operator.plan.search.candidates import Candidate, Pins, evaluate_all, pick
+from finetune_operator.plan.sources.model_source import ModelSource
+from finetune_operator.plan.workload import DEFAULT_FIT_MARGIN, GIB, Workload, workload_from_spec
 
 MAX_REJECTED_IN_STATUS = 16
 
@@ -82,7 +82,7 @@ def status_of(
     trainable_parameters: int | None = None,
 ) -> PlanStatus:
     return PlanStatus(
-        **candidate.strategy.model_dump(exclude={"world_size"}),
+        **candidate.strategy.strategy_fields(),
         per_gpu_bytes=candidate.per_gpu_bytes,
         gpu_memory_bytes=gpu_memory_bytes,
         host_bytes_per_node=candidate.memory.host_peak_bytes_per_node,
@@ -202,7 +202,7 @@ def traced_activations(spec: FineTuneJobSpec, workload: Workload) -> dict[bool, 
     """The traced activation+logits peak of one sequence, with and without checkpointing."""
     import torch
 
-    from .traced import trace_training_step
+    from finetune_operator.plan.search.traced import trace_training_step
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(spec.training.precision), torch.float32)
     lora_r = None if workload.traits.base_trains else workload.lora_r

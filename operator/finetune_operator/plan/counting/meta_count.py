@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from .param_count import ALL_LINEAR
+from finetune_operator.plan.counting.param_count import ALL_LINEAR
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .config_keys import ConfigView
-from .decoder_spec import AttentionSpec, FamilySpec, MlpSpec, MoeSpec
-from .errors import UnknownArchitectureError
-from .weight_groups import WeightGroup, linear
+from finetune_operator.plan.counting.config_keys import ConfigView
+from finetune_operator.plan.counting.decoder_spec import AttentionSpec, FamilySpec, MlpSpec, MoeSpec
+from finetune_operator.plan.counting.weight_groups import WeightGroup, linear
+from finetune_operator.plan.errors import UnknownArchitectureError
 
 PEFT_FUSED_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
     "qwen2_moe": {"router": ("gate",), "gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)},

@@ -16,12 +16,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..api.catalogue import CATALOGUE_DIR
-from ..api.model_inspection import ModelInspection
-from ..api.model_uri import hub_model
-from ..api.spec import ModelSpec
-from ..api.storage_uri import Scheme, StorageUri
-from .errors import ModelConfigNotFoundError, UnknownArchitectureError
+from finetune_operator.api.catalogue import CATALOGUE_DIR
+from finetune_operator.api.model_inspection import ModelInspection
+from finetune_operator.api.model_uri import hub_model
+from finetune_operator.api.spec import ModelSpec
+from finetune_operator.api.storage_uri import Scheme, StorageUri
+from finetune_operator.plan.errors import ModelConfigNotFoundError, UnknownArchitectureError
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ the real planner is absent: `auto` becomes ZeRO-2 without offload, micro-batch 1
 
 from __future__ import annotations
 
-from ..api.spec import FineTuneJobSpec
-from ..api.status import PlanStatus
+from finetune_operator.api.spec import FineTuneJobSpec
+from finetune_operator.api.status import PlanStatus
 
 
 def fixed_plan(spec: FineTuneJobSpec) -> PlanStatus:
