@@ -8,14 +8,11 @@ is the one every message, table and log line shows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field
 
 from .base import ApiModel
-
-if TYPE_CHECKING:
-    from .status import PlanStatus
 
 OFFLOAD_PATTERN = r"^(none|cpu|nvme)$"
 
@@ -53,7 +50,7 @@ class Strategy(StrategyFields):
     """What a checkpoint's layout and data position depend on (checkpointing only trades compute for memory)."""
 
     @classmethod
-    def from_plan(cls, plan: PlanStatus, world_size: int | None = None) -> Strategy:
+    def from_plan(cls, plan: StrategyFields, world_size: int | None = None) -> Strategy:
         """The strategy `status.plan` chose, run on `world_size` ranks (None: not yet placed)."""
         return cls(**plan.strategy_fields(), world_size=world_size)
 
