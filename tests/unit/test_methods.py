@@ -11,7 +11,9 @@ import pytest
 from finetune_operator.api.methods import METHODS, MethodTraits, MethodType, ReferenceModel, method_traits
 from finetune_operator.api.spec import MethodSpec
 
-OPERATOR = Path(__file__).resolve().parents[2] / "operator" / "finetune_operator"
+REPO = Path(__file__).resolve().parents[2]
+OPERATOR = REPO / "operator" / "finetune_operator"
+TRAINER = REPO / "trainer_image" / "finetune_trainer"
 NAMED = re.compile(r"MethodType\.(LORA|QLORA|FULL)\b")
 MAY_NAME = {
     "api/methods.py": "the table itself",
@@ -44,11 +46,14 @@ def test_supervised_methods_are_what_they_were() -> None:
     assert qlora.lighter == ()
 
 
-def test_no_operator_module_branches_on_a_method_name() -> None:
+@pytest.mark.parametrize("root", [OPERATOR, TRAINER], ids=["operator", "trainer"])
+def test_no_module_branches_on_a_method_name(root: Path) -> None:
+    """The operator and the trainer read the traits: a new method is a row in api.methods (and a
+    trainer module for what is its own), not a branch wherever lora, qlora or full differ."""
     found = []
-    for path in sorted(OPERATOR.rglob("*.py")):
-        rel = path.relative_to(OPERATOR).as_posix()
-        if rel in MAY_NAME:
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if root == OPERATOR and rel in MAY_NAME:
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if NAMED.search(line):

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from finetune_operator.api.methods import MethodType
+from finetune_operator.api.methods import MethodType, method_traits
 
 
 def gathered_state_dict(model: Any, rank: int, trainable_only: bool) -> dict[str, Any]:
@@ -46,7 +46,7 @@ def save_trained(model: Any, tokenizer: Any, out: Path, method: MethodType, rank
 
 def gather_trained(model: Any, method: MethodType, rank: int) -> dict[str, Any]:
     """Collective: the adapter's (lora/qlora) or the whole model's (full) tensors, on rank 0's host."""
-    return gathered_state_dict(model, rank, trainable_only=method != MethodType.FULL)
+    return gathered_state_dict(model, rank, trainable_only=method_traits(method).has_adapter)
 
 
 def write_trained(model: Any, tokenizer: Any, out: Path, state: dict[str, Any]) -> Path:

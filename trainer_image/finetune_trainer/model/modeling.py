@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.lora_rules import UnsupportedSetting, resolve_lora_dropout
-from finetune_operator.api.methods import MethodType
+from finetune_operator.api.methods import MethodType, method_traits
 from finetune_operator.api.model_uri import hub_model
 from finetune_operator.api.pod_contract import TerminationReason
 from finetune_operator.api.pod_env import PodEnv
@@ -198,7 +198,7 @@ def _lora_config(spec: FineTuneJobSpec, model: Any) -> Any:
 def lora_skipped(model: Any, spec: FineTuneJobSpec) -> list[str]:
     """What `all-linear` left frozen on this model (a MoE's experts peft does not adapt), logged once."""
     lora = spec.method.lora_or_default
-    if spec.method.type == MethodType.FULL or list(lora.target_modules) != ["all-linear"]:
+    if not spec.method.traits.has_adapter or list(lora.target_modules) != ["all-linear"]:
         return []
     from finetune_trainer.model.lora_targets import not_adapted
 
@@ -217,7 +217,7 @@ def zero3_loading(plan: PlanStatus, method: MethodType, ds_config: dict[str, Any
     holds the whole model (8 ranks of a 70B pod would otherwise each hold 140 GB of host
     memory while loading). Not for QLoRA: bitsandbytes quantises whole tensors on load.
     """
-    if ds_config is None or plan.zero_stage != 3 or method == MethodType.QLORA:
+    if ds_config is None or plan.zero_stage != 3 or method_traits(method).base_quantized:
         return None
     from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
@@ -285,8 +285,8 @@ def load_model(
         "token": os.environ.get(PodEnv.HF_TOKEN),
         **NO_HUB_KERNELS,
     }
-    method = MethodType(spec.method.type)
-    if method == MethodType.QLORA:
+    method, traits = MethodType(spec.method.type), spec.method.traits
+    if traits.base_quantized:
         kwargs["quantization_config"] = quantization_config(spec, plan, dtype)
         kwargs["device_map"] = {"": _local_device(compute)}
     zero3 = zero3_loading(plan, method, ds_config)
@@ -306,16 +306,16 @@ def load_model(
             full,
         )
     model.config.use_cache = False
-    if method == MethodType.QLORA:
+    if traits.base_quantized:
         keep_4bit_training_layout(model)
         freeze_4bit_base(model, plan.gradient_checkpointing)
     elif plan.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[no-untyped-call]
-    if method in (MethodType.LORA, MethodType.QLORA):
+    if traits.has_adapter:
         from peft import get_peft_model
 
         model = get_peft_model(model, _lora_config(spec, model))
-        if plan.zero_stage == 3 and method == MethodType.LORA and dtype in (torch.bfloat16, torch.float16):
+        if plan.zero_stage == 3 and not traits.base_quantized and dtype in (torch.bfloat16, torch.float16):
             uniform_trainable_dtype(model, dtype)
     else:
         for param in model.parameters():

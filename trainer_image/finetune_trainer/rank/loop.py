@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from finetune_operator.api.methods import MethodType
 from finetune_operator.api.pod_contract import CheckpointState, TrainingSummary
 from finetune_operator.api.strategy import Strategy
 from finetune_trainer import faults, leader_work, preemption
@@ -435,7 +434,7 @@ class Trainer:
             state.model_copy(update={"strategy": self.strategy}),
             rank=self.dist.rank,
             barrier=self.dist.barrier,
-            portable_state=self.spec.method.type != MethodType.FULL,
+            portable_state=self.spec.method.traits.has_adapter,
         )
         if self.s3 is not None:
             self.s3.publish(self.ckpt_root, state.global_step, self.spec.training.checkpoints_to_keep)
@@ -456,7 +455,7 @@ class Trainer:
         samples: int,
         trained_tokens: int,
     ) -> TrainingSummary:
-        full = self.spec.method.type == MethodType.FULL
+        full = self.spec.method.traits.base_trains
         target = self.out / ("model" if full else "adapter")
         merged = self.out / "merged" if self.spec.output.merged_model and not full else None
         gathered = export.gather_trained(self.engine.module, self.spec.method.type, self.dist.rank)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from importlib import metadata
 
-from finetune_operator.api.methods import MethodType
 from finetune_operator.api.status import PlanStatus
 from finetune_operator.api.strategy import Strategy
 from finetune_trainer.settings import JobConfig
@@ -58,7 +57,7 @@ def run_params(cfg: JobConfig) -> dict[str, str]:
     }
     if plan.trainable_parameters is not None:
         params["plan.trainable_parameters"] = plan.trainable_parameters
-    if spec.method.type != MethodType.FULL:
+    if spec.method.traits.has_adapter:
         lora = spec.method.lora_or_default
         params.update(
             {
@@ -68,7 +67,7 @@ def run_params(cfg: JobConfig) -> dict[str, str]:
                 "lora.target_modules": ",".join(lora.target_modules),
             }
         )
-    if spec.method.type == MethodType.QLORA:
+    if spec.method.traits.base_quantized:
         qlora = spec.method.qlora_or_default
         params.update({"qlora.quant_type": qlora.quant_type, "qlora.double_quant": qlora.double_quant})
     return {key: str(value)[:6000] for key, value in params.items()}
