@@ -8,7 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from finetune_operator.api.methods import METHODS, MethodTraits, MethodType, ReferenceModel, method_traits
+from finetune_operator.api.methods import (
+    METHODS,
+    OBJECTIVES,
+    MethodTraits,
+    MethodType,
+    Objective,
+    ObjectiveTraits,
+    ReferenceModel,
+    method_traits,
+    objective_traits,
+    reference_model,
+)
 from finetune_operator.api.spec import MethodSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +44,6 @@ def test_traits_are_consistent(method: MethodType) -> None:
     assert traits.has_adapter is not traits.base_trains
     assert not (traits.base_quantized and traits.base_trains)  # a quantized base is frozen
     assert method not in traits.lighter and set(traits.lighter) <= set(METHODS)
-    assert traits.sequences_per_example >= 1
 
 
 def test_supervised_methods_are_what_they_were() -> None:
@@ -41,9 +51,41 @@ def test_supervised_methods_are_what_they_were() -> None:
     assert (lora.base_trains, lora.base_quantized, lora.has_adapter) == (False, False, True)
     assert (qlora.base_trains, qlora.base_quantized, qlora.has_adapter) == (False, True, True)
     assert (full.base_trains, full.base_quantized, full.has_adapter) == (True, False, False)
-    assert {t.reference for t in (lora, qlora, full)} == {ReferenceModel.NONE}
     assert full.lighter == (MethodType.LORA, MethodType.QLORA) and lora.lighter == (MethodType.QLORA,)
     assert qlora.lighter == ()
+
+
+def test_every_objective_the_api_accepts_has_its_traits() -> None:
+    assert set(OBJECTIVES) == set(Objective)
+    assert all(isinstance(t, ObjectiveTraits) for t in OBJECTIVES.values())
+    for objective, traits in OBJECTIVES.items():
+        assert traits is objective_traits(str(objective)) is MethodSpec(objective=objective).objective_traits
+        assert traits.sequences_per_example == (2 if traits.preference else 1)
+        assert not traits.needs_reference or traits.preference  # only a preference objective has a reference
+
+
+def test_supervised_fine_tuning_is_what_it_was() -> None:
+    sft = objective_traits(Objective.SFT)
+    assert (sft.preference, sft.sequences_per_example, sft.needs_reference) == (False, 1, False)
+    assert {MethodSpec(type=m).reference for m in MethodType} == {ReferenceModel.NONE}
+
+
+@pytest.mark.parametrize("method", list(MethodType))
+@pytest.mark.parametrize("objective", list(Objective))
+@pytest.mark.parametrize("precompute", [False, True])
+def test_the_reference_model_of_each_method_and_objective(
+    method: MethodType, objective: Objective, precompute: bool
+) -> None:
+    """DPO compares against a reference: an adapter method's own base with the adapter off (no
+    extra weights); full fine-tuning a frozen copy, or log-probabilities computed beforehand.
+    SFT and ORPO have none."""
+    found = reference_model(method, objective, precompute)
+    if objective != Objective.DPO:
+        assert found is ReferenceModel.NONE
+    elif method_traits(method).has_adapter:
+        assert found is ReferenceModel.ADAPTER_DISABLED
+    else:
+        assert found is (ReferenceModel.PRECOMPUTED if precompute else ReferenceModel.FROZEN_COPY)
 
 
 @pytest.mark.parametrize("root", [OPERATOR, TRAINER], ids=["operator", "trainer"])

@@ -1,5 +1,6 @@
 """What each training method asks of the planner, the renderers and the trainer: one descriptor
-per `method.type`, the one place a method is described.
+per `method.type` (how the weights are adapted) and one per `method.objective` (what they are
+trained towards), the one place a method is described.
 
 The planner, the renderers and the reconcile policies read these traits, never the method's name:
 "does the base model train?" (its gradients, optimizer states and a whole-model checkpoint),
@@ -22,11 +23,31 @@ class MethodType(StrEnum):
     FULL = "full"
 
 
+class Objective(StrEnum):
+    # `method.objective` (no docstring: pydantic would put it into the CRD's schema)
+    SFT = "sft"
+    DPO = "dpo"
+    ORPO = "orpo"
+
+
+class PreferenceLoss(StrEnum):
+    # `method.preference.lossType`, DPO's loss as TRL names it
+    SIGMOID = "sigmoid"
+    IPO = "ipo"
+
+
 class ReferenceModel(StrEnum):
-    """The model a preference method compares the policy against."""
+    """The model a preference objective compares the policy against."""
 
     NONE = "none"
-    """Supervised fine-tuning: no reference."""
+    """No reference: supervised fine-tuning, or ORPO."""
+    ADAPTER_DISABLED = "adapter-disabled"
+    """The policy's own base with its adapter switched off (LoRA, QLoRA): no extra weights."""
+    FROZEN_COPY = "frozen-copy"
+    """A frozen copy of the base beside the policy (full), sharded like it under ZeRO-3."""
+    PRECOMPUTED = "precomputed"
+    """The reference's log-probabilities, computed once before training and kept with the
+    prepared data (full, `precomputeReference`): no reference weights while training."""
 
 
 @dataclass(frozen=True)
@@ -38,10 +59,6 @@ class MethodTraits:
     them, and checkpoints and the export hold the whole model. Otherwise only an adapter trains."""
     base_quantized: bool
     """The frozen base is loaded 4-bit (bitsandbytes) and dequantised for each matmul."""
-    reference: ReferenceModel = ReferenceModel.NONE
-    """The reference model beside the policy."""
-    sequences_per_example: int = 1
-    """Sequences one example feeds through the model (a preference pair is two)."""
     lighter: tuple[MethodType, ...] = ()
     """Methods of the same kind that need less memory, cheapest last: what the planner's advice
     tries when a job does not fit."""
@@ -67,3 +84,40 @@ METHODS: Mapping[MethodType, MethodTraits] = MappingProxyType(
 def method_traits(method: MethodType | str) -> MethodTraits:
     """The traits of `method` (a `MethodType` or its value)."""
     return METHODS[MethodType(method)]
+
+
+@dataclass(frozen=True)
+class ObjectiveTraits:
+    """What one objective trains towards: the rows it reads, the sequences and the reference it needs."""
+
+    preference: bool
+    """Rows are preference pairs (`dataset.format: preference`): a prompt, a chosen and a rejected answer."""
+    sequences_per_example: int
+    """Sequences one example feeds through the model (a preference pair is two: chosen and rejected)."""
+    needs_reference: bool
+    """The loss compares the policy with a reference model (DPO; ORPO is reference-free)."""
+
+
+OBJECTIVES: Mapping[Objective, ObjectiveTraits] = MappingProxyType(
+    {
+        Objective.SFT: ObjectiveTraits(preference=False, sequences_per_example=1, needs_reference=False),
+        Objective.DPO: ObjectiveTraits(preference=True, sequences_per_example=2, needs_reference=True),
+        Objective.ORPO: ObjectiveTraits(preference=True, sequences_per_example=2, needs_reference=False),
+    }
+)
+"""Every objective the API accepts, with its traits."""
+
+
+def objective_traits(objective: Objective | str) -> ObjectiveTraits:
+    """The traits of `objective` (an `Objective` or its value)."""
+    return OBJECTIVES[Objective(objective)]
+
+
+def reference_model(method: MethodType | str, objective: Objective | str, precompute: bool = False) -> ReferenceModel:
+    """The reference `objective` trains against under `method`: none, the base with the adapter
+    off (an adapter method), or for full fine-tuning a frozen copy or precomputed log-probabilities."""
+    if not objective_traits(objective).needs_reference:
+        return ReferenceModel.NONE
+    if method_traits(method).has_adapter:
+        return ReferenceModel.ADAPTER_DISABLED
+    return ReferenceModel.PRECOMPUTED if precompute else ReferenceModel.FROZEN_COPY

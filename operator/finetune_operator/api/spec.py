@@ -35,7 +35,17 @@ from .base import (
     check_node_selector,
     quantity_bytes,
 )
-from .methods import MethodTraits, MethodType, method_traits
+from .methods import (
+    MethodTraits,
+    MethodType,
+    Objective,
+    ObjectiveTraits,
+    PreferenceLoss,
+    ReferenceModel,
+    method_traits,
+    objective_traits,
+    reference_model,
+)
 from .object_storage import ObjectStorageSpec, allowed_bucket
 from .pod_template import PodTemplateOverlay
 from .rules import CrossFieldRule, rules_of
@@ -239,6 +249,7 @@ class DatasetFormat(StrEnum):
     SHAREGPT = "sharegpt"
     MESSAGES = "messages"
     TEXT = "text"
+    PREFERENCE = "preference"
 
 
 class MalformedLinePolicy(StrEnum):
@@ -279,6 +290,13 @@ class DatasetSpec(RuledModel):
             message="set validationSplit or validationUri, not both",
             field_path=".validationUri",
             check=lambda d: not (d.validation_split is not None and d.validation_uri is not None),
+        ),
+        CrossFieldRule(
+            cel="!has(self.format) || self.format != 'preference' || !has(self.packing) || !self.packing",
+            message="packing is not allowed with format preference: a pair's chosen and rejected answers "
+            "are scored as sequences of their own",
+            field_path=".packing",
+            check=lambda d: d.format != DatasetFormat.PREFERENCE or not d.packing,
         ),
         no_dot_dot("uri"),
         no_dot_dot("validation_uri", optional=True),
@@ -335,12 +353,38 @@ class QloraSpec(ApiModel):
     )
 
 
+class PreferenceSpec(ApiModel):
+    """Preference tuning's settings (objective dpo or orpo); terms as TRL defines them."""
+
+    beta: Annotated[float, Field(gt=0.0, le=10.0)] = Field(
+        default=0.1,
+        description="dpo: how far the policy may move from the reference (the loss's temperature); "
+        "orpo: the weight of the odds-ratio term beside the supervised loss (TRL's beta, the paper's lambda).",
+    )
+    loss_type: PreferenceLoss | None = Field(
+        default=None, description="dpo only: sigmoid (the DPO paper's loss, the default) or ipo."
+    )
+    precompute_reference: bool | None = Field(
+        default=None,
+        description="dpo with full fine-tuning only: compute the reference model's log-probabilities once, "
+        "before training, and keep them with the prepared data, instead of holding a frozen copy of the "
+        "model beside the policy while training.",
+    )
+
+
 class MethodSpec(RuledModel):
-    """How the weights are adapted."""
+    """How the weights are adapted, and what they are trained towards."""
 
     type: MethodType = Field(default=MethodType.LORA, description="lora, qlora or full fine-tuning.")
+    objective: Objective = Field(
+        default=Objective.SFT,
+        description="sft (supervised: the answer's next-token loss), dpo (direct preference optimisation "
+        "against a reference model) or orpo (odds-ratio preference optimisation, reference-free); dpo and "
+        "orpo read dataset.format preference.",
+    )
     lora: LoraSpec | None = Field(default=None, description="Adapter settings (lora and qlora).")
     qlora: QloraSpec | None = Field(default=None, description="Quantisation settings (qlora only).")
+    preference: PreferenceSpec | None = Field(default=None, description="Preference settings (dpo and orpo only).")
 
     __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (
         CrossFieldRule(
@@ -355,12 +399,54 @@ class MethodSpec(RuledModel):
             field_path=".lora",
             check=lambda m: m.type != MethodType.FULL or m.lora is None,
         ),
+        CrossFieldRule(
+            cel="!has(self.preference) || (has(self.objective) && self.objective != 'sft')",
+            message="preference settings are only allowed when objective is dpo or orpo",
+            field_path=".preference",
+            check=lambda m: m.preference is None or m.objective != Objective.SFT,
+        ),
+        CrossFieldRule(
+            cel="!has(self.preference) || !has(self.preference.lossType) "
+            "|| (has(self.objective) && self.objective == 'dpo')",
+            message="lossType is only allowed when objective is dpo",
+            field_path=".preference.lossType",
+            check=lambda m: m.preference is None or m.preference.loss_type is None or m.objective == Objective.DPO,
+        ),
+        CrossFieldRule(
+            cel="!has(self.preference) || !has(self.preference.precomputeReference) "
+            "|| !self.preference.precomputeReference "
+            "|| (has(self.objective) && self.objective == 'dpo' && has(self.type) && self.type == 'full')",
+            message="precomputeReference is only allowed when objective is dpo and type is full "
+            "(lora and qlora use their own base, with the adapter off, as the reference)",
+            field_path=".preference.precomputeReference",
+            check=lambda m: (
+                m.preference is None
+                or not m.preference.precompute_reference
+                or (m.objective == Objective.DPO and m.type == MethodType.FULL)
+            ),
+        ),
     )
 
     @property
     def traits(self) -> MethodTraits:
         """What this method trains and how it holds the frozen part (api.methods)."""
         return method_traits(self.type)
+
+    @property
+    def objective_traits(self) -> ObjectiveTraits:
+        """What this objective trains towards: rows, sequences per example, reference (api.methods)."""
+        return objective_traits(self.objective)
+
+    @property
+    def reference(self) -> ReferenceModel:
+        """The reference model the objective compares the policy against (api.methods.reference_model)."""
+        return reference_model(
+            self.type, self.objective, bool(self.preference and self.preference.precompute_reference)
+        )
+
+    @property
+    def preference_or_default(self) -> PreferenceSpec:
+        return self.preference or PreferenceSpec()
 
     @property
     def lora_or_default(self) -> LoraSpec:
@@ -746,6 +832,21 @@ class FineTuneJobSpec(RuledModel):
     )
 
     __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (
+        CrossFieldRule(
+            cel="!has(self.method) || !has(self.method.objective) || self.method.objective == 'sft' "
+            "|| (has(self.dataset.format) && self.dataset.format == 'preference')",
+            message="dpo and orpo read preference pairs: set dataset.format to preference "
+            "(rows with prompt, chosen and rejected)",
+            field_path=".dataset.format",
+            check=lambda s: s.method.objective == Objective.SFT or s.dataset.format == DatasetFormat.PREFERENCE,
+        ),
+        CrossFieldRule(
+            cel="!has(self.dataset.format) || self.dataset.format != 'preference' "
+            "|| (has(self.method) && has(self.method.objective) && self.method.objective != 'sft')",
+            message="format preference is for preference tuning: set method.objective to dpo or orpo",
+            field_path=".method.objective",
+            check=lambda s: s.dataset.format != DatasetFormat.PREFERENCE or s.method.objective != Objective.SFT,
+        ),
         CrossFieldRule(
             cel="!has(self.method) || !has(self.method.type) || self.method.type != 'qlora' "
             "|| !has(self.training) || !has(self.training.precision) || self.training.precision != 'fp32'",
