@@ -143,3 +143,97 @@ def tokenize_record(record: dict[str, Any], fmt: str, tokenizer: Tokenizer, max_
 def prompt_and_answer(record: dict[str, Any]) -> tuple[str, str]:
     """For exact-match evaluation of alpaca records: the prompt text and the expected output."""
     return alpaca_prompt(record), _text_field(record, "output")
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """One tokenised preference example: the prompt with the chosen answer, and with the rejected one
+    (only the answers' tokens are labelled)."""
+
+    chosen: Sample
+    rejected: Sample
+
+
+def _messages(value: Any, key: str) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise MalformedRecord(f"field {key!r} must be a non-empty string or list of messages")
+    out: list[dict[str, str]] = []
+    for index, turn in enumerate(value):
+        role = turn.get("role") if isinstance(turn, dict) else None
+        text = turn.get("content") if isinstance(turn, dict) else None
+        if not isinstance(role, str) or not isinstance(text, str):
+            raise MalformedRecord(f"{key}[{index}] needs string fields 'role' and 'content'")
+        if role not in ("system", "user", "assistant"):
+            raise MalformedRecord(f"{key}[{index}]: unknown role {role!r}")
+        out.append({"role": role, "content": text})
+    return out
+
+
+def preference_parts(record: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The prompt, chosen and rejected parts of a preference row, in TRL's standard form (strings) or
+    conversational form (lists of messages). Without a `prompt` field the prompt is implicit: the
+    longest common prefix of chosen and rejected (messages, or characters less a space before the
+    answer), as TRL's `extract_prompt` takes it."""
+    chosen, rejected = record.get("chosen"), record.get("rejected")
+    for key, value in (("chosen", chosen), ("rejected", rejected)):
+        if value is None:
+            raise MalformedRecord(f"missing field {key!r}")
+        if not isinstance(value, (str, list)):
+            raise MalformedRecord(f"field {key!r} must be a string or a list of messages, got {type(value).__name__}")
+    if type(chosen) is not type(rejected):
+        raise MalformedRecord("fields 'chosen' and 'rejected' must both be strings or both lists of messages")
+    conversational = isinstance(chosen, list)
+    if conversational:
+        chosen, rejected = _messages(chosen, "chosen"), _messages(rejected, "rejected")
+    if "prompt" in record:
+        prompt = record["prompt"]
+        if conversational:
+            prompt = _messages(prompt, "prompt")
+        elif not isinstance(prompt, str):
+            raise MalformedRecord("field 'prompt' must be a string when 'chosen' and 'rejected' are strings")
+        return prompt, chosen, rejected
+    index = 0
+    while index < min(len(chosen), len(rejected)) and chosen[index] == rejected[index]:
+        index += 1
+    if not conversational and 0 < index < min(len(chosen), len(rejected)) and chosen[index - 1] == " ":
+        index -= 1  # the space before the answers stays with them
+    if index == 0:
+        raise MalformedRecord("no 'prompt' field, and 'chosen' and 'rejected' share no prompt to take it from")
+    if index == len(chosen) or index == len(rejected):
+        raise MalformedRecord("'chosen' and 'rejected' do not differ after their shared prompt")
+    return chosen[:index], chosen[index:], rejected[index:]
+
+
+def _preference_segments(prompt: Any, answer: Any, tokenizer: Tokenizer) -> list[tuple[str, bool]]:
+    if isinstance(prompt, str):
+        return [(_special(tokenizer, "bos_token") + prompt, False), (answer + _special(tokenizer, "eos_token"), True)]
+    if not any(turn["role"] == "assistant" for turn in answer):
+        raise MalformedRecord("a conversational answer needs an assistant turn")
+    prefix = str(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+    full = str(tokenizer.apply_chat_template(prompt + answer, tokenize=False))
+    if not full.startswith(prefix):
+        raise MalformedRecord("the tokenizer's chat template does not render the prompt as a prefix of the answer")
+    return [(prefix, False), (full[len(prefix) :], True)]
+
+
+def _tokenized(pieces: list[tuple[str, bool]], tokenizer: Tokenizer, max_len: int) -> Sample:
+    ids: list[int] = []
+    labels: list[int] = []
+    for text, trainable in pieces:
+        piece = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids.extend(piece)
+        labels.extend(piece if trainable else [IGNORE_INDEX] * len(piece))
+    if labels:
+        labels[0] = IGNORE_INDEX
+    return Sample(tuple(ids[:max_len]), tuple(labels[:max_len]))
+
+
+def tokenize_preference(record: dict[str, Any], tokenizer: Tokenizer, max_len: int) -> PreferencePair | None:
+    """The pair tokenised and truncated to `max_len` each; None when an answer has no token left
+    (its prompt alone fills `max_len`)."""
+    prompt, chosen, rejected = preference_parts(record)
+    pair = PreferencePair(
+        _tokenized(_preference_segments(prompt, chosen, tokenizer), tokenizer, max_len),
+        _tokenized(_preference_segments(prompt, rejected, tokenizer), tokenizer, max_len),
+    )
+    return pair if pair.chosen.trainable_tokens and pair.rejected.trainable_tokens else None

@@ -1,0 +1,125 @@
+"""`dataset.format: preference`: rows {"prompt", "chosen", "rejected"} in TRL's standard (strings)
+and conversational (messages) forms, the prompt taken as TRL takes it when implicit, only the
+answers scored, and a broken row named the way SFT's are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from trl.data_utils import extract_prompt
+
+from finetune_trainer.data.formats import (
+    IGNORE_INDEX,
+    MalformedRecord,
+    preference_parts,
+    tokenize_preference,
+)
+from finetune_trainer.model.builtin_models import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return build_tokenizer(512)
+
+
+def answer_text(tokenizer: Any, ids: tuple[int, ...], labels: tuple[int, ...]) -> str:
+    return str(tokenizer.decode([i for i, label in zip(ids, labels, strict=True) if label != IGNORE_INDEX]))
+
+
+def test_a_standard_row_scores_only_the_answers_after_one_shared_prompt(tokenizer: Any) -> None:
+    pair = tokenize_preference(
+        {"prompt": "red blue green", "chosen": "green blue red", "rejected": "blue red green"}, tokenizer, 64
+    )
+    assert pair is not None
+    prompt_len = pair.chosen.labels.index(next(x for x in pair.chosen.labels if x != IGNORE_INDEX))
+    assert pair.chosen.input_ids[:prompt_len] == pair.rejected.input_ids[:prompt_len]
+    assert answer_text(tokenizer, pair.chosen.input_ids, pair.chosen.labels).startswith("green blue red")
+    assert answer_text(tokenizer, pair.rejected.input_ids, pair.rejected.labels).startswith("blue red green")
+    assert pair.chosen.input_ids[-1] == tokenizer.eos_token_id  # the answer ends, as in SFT
+
+
+def test_a_conversational_row_applies_the_chat_template_and_scores_the_assistant_turn(tokenizer: Any) -> None:
+    prompt = [{"role": "user", "content": "red blue"}]
+    pair = tokenize_preference(
+        {
+            "prompt": prompt,
+            "chosen": [{"role": "assistant", "content": "blue red"}],
+            "rejected": [{"role": "assistant", "content": "red blue"}],
+        },
+        tokenizer,
+        64,
+    )
+    assert pair is not None
+    prefix = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template([*prompt, {"role": "assistant", "content": "blue red"}], tokenize=False)
+    # prompt and answer are tokenised apart (as TRL's DPO does), the answer's labels kept
+    prompt_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(full[len(prefix) :], add_special_tokens=False)["input_ids"]
+    assert pair.chosen.input_ids == tuple(prompt_ids + answer_ids)
+    assert pair.chosen.labels == tuple([IGNORE_INDEX] * len(prompt_ids) + answer_ids)
+    assert "blue red" in answer_text(tokenizer, pair.chosen.input_ids, pair.chosen.labels)
+    assert "user" not in answer_text(tokenizer, pair.chosen.input_ids, pair.chosen.labels)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"chosen": "Q: sky? A: It is blue.", "rejected": "Q: sky? A: It is green."},
+        {"chosen": "The sky is blue", "rejected": "The sky is green"},
+        {
+            "chosen": [{"role": "user", "content": "sky?"}, {"role": "assistant", "content": "blue"}],
+            "rejected": [{"role": "user", "content": "sky?"}, {"role": "assistant", "content": "green"}],
+        },
+        {
+            "chosen": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "sky?"},
+                {"role": "assistant", "content": "blue"},
+            ],
+            "rejected": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "sky?"},
+                {"role": "assistant", "content": "green"},
+            ],
+        },
+    ],
+)
+def test_an_implicit_prompt_is_taken_as_trl_takes_it(row: dict[str, Any]) -> None:
+    ours = preference_parts(row)
+    theirs = extract_prompt(row)
+    assert ours == (theirs["prompt"], theirs["chosen"], theirs["rejected"])
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"prompt": "p", "rejected": "r"}, "missing field 'chosen'"),
+        ({"prompt": "p", "chosen": 3, "rejected": "r"}, "field 'chosen' must be a string or a list of messages"),
+        (
+            {"prompt": "p", "chosen": "c", "rejected": [{"role": "assistant", "content": "r"}]},
+            "must both be strings or both lists",
+        ),
+        ({"prompt": 5, "chosen": "c", "rejected": "r"}, "field 'prompt' must be a string"),
+        ({"chosen": "abc", "rejected": "xyz"}, "share no prompt"),
+        ({"chosen": "same", "rejected": "same"}, "do not differ"),
+        ({"prompt": [{"role": "user"}], "chosen": [], "rejected": []}, "'chosen' must be a non-empty"),
+        (
+            {
+                "prompt": [{"role": "robot", "content": "x"}],
+                "chosen": [{"role": "assistant", "content": "a"}],
+                "rejected": [{"role": "assistant", "content": "b"}],
+            },
+            "prompt[0]: unknown role 'robot'",
+        ),
+    ],
+)
+def test_a_broken_row_says_which_field(row: dict[str, Any], message: str) -> None:
+    with pytest.raises(MalformedRecord, match=message.replace("[", r"\[").replace("]", r"\]")):
+        preference_parts(row)
+
+
+def test_a_prompt_that_fills_the_length_leaves_no_pair(tokenizer: Any) -> None:
+    row = {"prompt": " ".join(["red"] * 40), "chosen": "blue", "rejected": "green"}
+    assert tokenize_preference(row, tokenizer, 8) is None
+    assert tokenize_preference(row, tokenizer, 256) is not None
