@@ -376,9 +376,9 @@ class MethodSpec(RuledModel):
     """How the weights are adapted, and what they are trained towards."""
 
     type: MethodType = Field(default=MethodType.LORA, description="lora, qlora or full fine-tuning.")
-    objective: Objective = Field(
-        default=Objective.SFT,
-        description="sft (supervised: the answer's next-token loss), dpo (direct preference optimisation "
+    objective: Objective | None = Field(
+        default=None,
+        description="sft (supervised: the answer's next-token loss; the default), dpo (direct preference optimisation "
         "against a reference model) or orpo (odds-ratio preference optimisation, reference-free); dpo and "
         "orpo read dataset.format preference.",
     )
@@ -403,14 +403,16 @@ class MethodSpec(RuledModel):
             cel="!has(self.preference) || (has(self.objective) && self.objective != 'sft')",
             message="preference settings are only allowed when objective is dpo or orpo",
             field_path=".preference",
-            check=lambda m: m.preference is None or m.objective != Objective.SFT,
+            check=lambda m: m.preference is None or m.objective_or_default != Objective.SFT,
         ),
         CrossFieldRule(
             cel="!has(self.preference) || !has(self.preference.lossType) "
             "|| (has(self.objective) && self.objective == 'dpo')",
             message="lossType is only allowed when objective is dpo",
             field_path=".preference.lossType",
-            check=lambda m: m.preference is None or m.preference.loss_type is None or m.objective == Objective.DPO,
+            check=lambda m: (
+                m.preference is None or m.preference.loss_type is None or m.objective_or_default == Objective.DPO
+            ),
         ),
         CrossFieldRule(
             cel="!has(self.preference) || !has(self.preference.precomputeReference) "
@@ -422,7 +424,7 @@ class MethodSpec(RuledModel):
             check=lambda m: (
                 m.preference is None
                 or not m.preference.precompute_reference
-                or (m.objective == Objective.DPO and m.type == MethodType.FULL)
+                or (m.objective_or_default == Objective.DPO and m.type == MethodType.FULL)
             ),
         ),
     )
@@ -433,16 +435,21 @@ class MethodSpec(RuledModel):
         return method_traits(self.type)
 
     @property
+    def objective_or_default(self) -> Objective:
+        """`objective`, sft when unset (unset rather than defaulted: a job's rendered config, and so its
+        gang's hash, stays what it was before objectives existed)."""
+        return self.objective or Objective.SFT
+
+    @property
     def objective_traits(self) -> ObjectiveTraits:
         """What this objective trains towards: rows, sequences per example, reference (api.methods)."""
-        return objective_traits(self.objective)
+        return objective_traits(self.objective_or_default)
 
     @property
     def reference(self) -> ReferenceModel:
         """The reference model the objective compares the policy against (api.methods.reference_model)."""
-        return reference_model(
-            self.type, self.objective, bool(self.preference and self.preference.precompute_reference)
-        )
+        precompute = bool(self.preference and self.preference.precompute_reference)
+        return reference_model(self.type, self.objective_or_default, precompute)
 
     @property
     def preference_or_default(self) -> PreferenceSpec:
@@ -838,14 +845,18 @@ class FineTuneJobSpec(RuledModel):
             message="dpo and orpo read preference pairs: set dataset.format to preference "
             "(rows with prompt, chosen and rejected)",
             field_path=".dataset.format",
-            check=lambda s: s.method.objective == Objective.SFT or s.dataset.format == DatasetFormat.PREFERENCE,
+            check=lambda s: (
+                s.method.objective_or_default == Objective.SFT or s.dataset.format == DatasetFormat.PREFERENCE
+            ),
         ),
         CrossFieldRule(
             cel="!has(self.dataset.format) || self.dataset.format != 'preference' "
             "|| (has(self.method) && has(self.method.objective) && self.method.objective != 'sft')",
             message="format preference is for preference tuning: set method.objective to dpo or orpo",
             field_path=".method.objective",
-            check=lambda s: s.dataset.format != DatasetFormat.PREFERENCE or s.method.objective != Objective.SFT,
+            check=lambda s: (
+                s.dataset.format != DatasetFormat.PREFERENCE or s.method.objective_or_default != Objective.SFT
+            ),
         ),
         CrossFieldRule(
             cel="!has(self.method) || !has(self.method.type) || self.method.type != 'qlora' "

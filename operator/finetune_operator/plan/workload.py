@@ -15,7 +15,16 @@ from typing import TypeVar
 
 from finetune_operator.api.base import quantity_bytes
 from finetune_operator.api.lora_rules import UnsupportedSetting, resolve_lora_dropout
-from finetune_operator.api.methods import MethodTraits, MethodType, method_traits
+from finetune_operator.api.methods import (
+    MethodTraits,
+    MethodType,
+    Objective,
+    ObjectiveTraits,
+    ReferenceModel,
+    method_traits,
+    objective_traits,
+    reference_model,
+)
 from finetune_operator.api.spec import DEFAULT_LORA_DROPOUT, FineTuneJobSpec
 from finetune_operator.plan.counting.param_count import (
     ArchitectureShape,
@@ -119,6 +128,10 @@ class Workload:
     packing: bool = False
     merged_export: bool = False
     """`output.mergedModel`: rank 0 loads the unquantised base at the end and merges the adapter in."""
+    objective: Objective = Objective.SFT
+    """`method.objective`: what the weights are trained towards (a preference pair is two sequences)."""
+    precompute_reference: bool = False
+    """`method.preference.precomputeReference`: full DPO's reference log-probabilities computed beforehand."""
     adapted: tuple[AdaptedGroup, ...] = field(init=False, repr=False, compare=False)
     """The weight groups LoRA adapts, with their ranks (none in full fine-tuning): resolved from the
     method, rank and targets once per workload, `replace()` and `with_method` included."""
@@ -131,6 +144,21 @@ class Workload:
     def traits(self) -> MethodTraits:
         """What the job's method trains and how it holds the frozen part (api.methods)."""
         return method_traits(self.method)
+
+    @property
+    def objective_traits(self) -> ObjectiveTraits:
+        """What the job's objective reads and needs (api.methods)."""
+        return objective_traits(self.objective)
+
+    @property
+    def reference(self) -> ReferenceModel:
+        """The reference model beside the policy (none, the adapter-less base, a frozen copy, precomputed)."""
+        return reference_model(self.method, self.objective, self.precompute_reference)
+
+    @property
+    def sequences_per_step_example(self) -> int:
+        """Sequences one example of `microBatchSize` puts through the model (a preference pair: 2)."""
+        return self.objective_traits.sequences_per_example
 
     @property
     def adapts_experts(self) -> bool:
@@ -256,4 +284,6 @@ def workload_from_spec(spec: FineTuneJobSpec, local_files: bool = True, source: 
         on_cpu=on_cpu,
         packing=spec.dataset.packing,
         merged_export=spec.output.merged_model,
+        objective=spec.method.objective_or_default,
+        precompute_reference=bool(spec.method.preference_or_default.precompute_reference),
     )

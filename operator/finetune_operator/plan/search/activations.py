@@ -348,10 +348,13 @@ def activation_bytes(workload: Workload, micro_batch: int, checkpointing: bool) 
     input, plus the final norm and the loss chunk) or the backward of a layer (with checkpointing:
     its recomputed activations and their transients; without: the largest weight gradient)."""
     shape = workload.shape
-    tokens = micro_batch * workload.seq_len
+    # a preference pair is two sequences, chosen and rejected, through one forward; the reference's
+    # forward (DPO) runs before it without keeping activations, so it adds no term at this peak
+    sequences = micro_batch * workload.sequences_per_step_example
+    tokens = sequences * workload.seq_len
     e, h = workload.param_bytes, shape.hidden_size
     layer = layer_bytes_per_token(workload) * tokens + materialised_expert_bytes_per_layer(workload)
-    shared = _shared_bytes_per_token(workload, checkpointing) * tokens + packed_mask_bytes(workload, micro_batch)
+    shared = _shared_bytes_per_token(workload, checkpointing) * tokens + packed_mask_bytes(workload, sequences)
     logits = loss_bytes(workload, tokens)
     final_norm = _final_norm_bytes_per_token(workload) * tokens
     # the loss, or (many tokens, small chunk) the final norm's backward and its fp32 temporaries

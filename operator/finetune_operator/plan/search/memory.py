@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from finetune_operator.api.methods import ReferenceModel
 from finetune_operator.api.strategy import Strategy
 from finetune_operator.plan.search.activations import activation_bytes
 from finetune_operator.plan.workload import HOST_BASELINE_PER_RANK, Workload, per_workload
@@ -95,6 +96,15 @@ def frozen_weight_bytes(workload: Workload) -> int:
         quantized = int(counts.quantizable * workload.quantized_bytes_per_param)
         return quantized + (counts.frozen - counts.quantizable) * workload.param_bytes
     return counts.frozen * workload.param_bytes
+
+
+def reference_weight_bytes(workload: Workload) -> int:
+    """Full fine-tuning DPO's frozen reference: a 16-bit copy of the whole model beside the policy,
+    sharded and offloaded like the policy's parameters (none when the reference is precomputed, or
+    is the adapter methods' own base with the adapter off)."""
+    if workload.reference is not ReferenceModel.FROZEN_COPY:
+        return 0
+    return (workload.counts.trainable + workload.counts.frozen) * workload.param_bytes
 
 
 @per_workload
@@ -190,7 +200,7 @@ def estimate_memory(workload: Workload, strategy: Strategy, activation_override:
     param_shard = world if stage == 3 else 1
     optimizer_shard = world if stage >= 1 else 1
 
-    frozen = frozen_weight_bytes(workload) / param_shard
+    frozen = (frozen_weight_bytes(workload) + reference_weight_bytes(workload)) / param_shard
     persistent = persistent_adapter_params(workload) if stage == 3 else 0
     trainable16 = (counts.trainable - persistent) * e / param_shard + persistent * e
     master = FP32_BYTES * counts.trainable if workload.mixed_precision else 0
@@ -248,7 +258,8 @@ def resident_model_state_bytes(workload: Workload, strategy: Strategy) -> int:
     counts, e, world, stage = workload.counts, workload.param_bytes, workload.world_size, strategy.zero_stage
     param_shard = world if stage == 3 else 1
     persistent = persistent_adapter_params(workload) if stage == 3 else 0
-    params = (frozen_weight_bytes(workload) + (counts.trainable - persistent) * e) / param_shard + persistent * e
+    frozen = frozen_weight_bytes(workload) + reference_weight_bytes(workload)
+    params = (frozen + (counts.trainable - persistent) * e) / param_shard + persistent * e
     fp32_grads = FP32_BYTES * counts.trainable if workload.mixed_precision else 0
     offloaded = strategy.offload_optimizer != "none"
     if stage < 3:
