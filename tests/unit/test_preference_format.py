@@ -123,3 +123,24 @@ def test_a_prompt_that_fills_the_length_leaves_no_pair(tokenizer: Any) -> None:
     row = {"prompt": " ".join(["red"] * 40), "chosen": "blue", "rejected": "green"}
     assert tokenize_preference(row, tokenizer, 8) is None
     assert tokenize_preference(row, tokenizer, 256) is not None
+
+
+def test_the_built_in_preference_set_pairs_the_right_code_with_one_wrong_word(tokenizer: Any) -> None:
+    from finetune_trainer.data.builtin_datasets import (
+        SECRET_CODE_PREFERENCE,
+        builtin_records,
+        secret_code,
+        secret_code_preference_records,
+    )
+
+    table = secret_code()
+    rows = secret_code_preference_records(200, seed=5)
+    assert rows == secret_code_preference_records(200, seed=5)  # every rank builds the same bytes
+    assert builtin_records(SECRET_CODE_PREFERENCE)[:3] == secret_code_preference_records(3)
+    for row in rows:
+        words = row["prompt"][-1]["content"].split()
+        right, wrong = row["chosen"][0]["content"].split(), row["rejected"][0]["content"].split()
+        assert right == [table[w] for w in words]
+        assert len(wrong) == len(right) and sum(a != b for a, b in zip(right, wrong, strict=True)) == 1
+        assert set(wrong) <= set(table.values())
+        assert tokenize_preference(row, tokenizer, 256) is not None

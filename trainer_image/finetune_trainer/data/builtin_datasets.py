@@ -4,6 +4,10 @@
 short list of words: easy enough for the tiny model to learn visibly within minutes on
 CPU, and checkable by exact match. `builtin://secret-code` is a made-up word-for-word
 code that no pretrained model knows, so a real model scores 0 on it before fine-tuning.
+`builtin://secret-code-preference` is the same code as preference pairs (conversational,
+`dataset.format: preference`): chosen is the right answer, rejected a plausible wrong one (one
+word coded with another word's code), so a model that has not learnt the code prefers either
+about half the time.
 Everything is a pure function of the seed, so every rank of every pod builds the same bytes.
 """
 
@@ -16,6 +20,7 @@ from finetune_operator.api.storage_uri import BUILTIN_DATASETS
 
 REVERSE_WORDS = "reverse-words"
 SECRET_CODE = "secret-code"
+SECRET_CODE_PREFERENCE = "secret-code-preference"
 DATASETS = BUILTIN_DATASETS
 WORDS = [
     "red",
@@ -129,7 +134,33 @@ def secret_code_records(count: int = DEFAULT_DATASET_SIZE, seed: int = 1234) -> 
     return records
 
 
+def secret_code_preference_records(count: int = DEFAULT_DATASET_SIZE, seed: int = 1234) -> list[dict[str, Any]]:
+    """Preference pairs (TRL's conversational form): the secret-code prompt, the right answer as
+    chosen, and as rejected the same answer with one word coded wrongly (another word's code)."""
+    rng = random.Random(seed)
+    table = secret_code()
+    codes = sorted(table.values())
+    records: list[dict[str, Any]] = []
+    for _ in range(count):
+        words = rng.choices(sorted(table), k=rng.randint(2, 3))
+        right = [table[w] for w in words]
+        wrong = list(right)
+        slot = rng.randrange(len(wrong))
+        wrong[slot] = rng.choice([c for c in codes if c != right[slot]])
+        prompt = [{"role": "system", "content": SECRET_CODE_SYSTEM}, {"role": "user", "content": " ".join(words)}]
+        records.append(
+            {
+                "prompt": prompt,
+                "chosen": [{"role": "assistant", "content": " ".join(right)}],
+                "rejected": [{"role": "assistant", "content": " ".join(wrong)}],
+            }
+        )
+    return records
+
+
 def builtin_records(name: str, seed: int = 1234) -> list[dict[str, Any]]:
+    if name == SECRET_CODE_PREFERENCE:
+        return secret_code_preference_records(seed=seed)
     if name == REVERSE_WORDS:
         return list(reverse_words_records(seed=seed))
     if name == SECRET_CODE:
