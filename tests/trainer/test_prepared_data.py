@@ -195,3 +195,24 @@ def test_the_key_covers_the_code_that_shapes_the_rows(
     assert all((root / name).is_file() for name in prepared.CODE_FILES)
     monkeypatch.setattr(prepared, "CODE_FILES", prepared.CODE_FILES[:-1])
     assert cache_key(_settings(dataset), tok) != key
+
+
+def test_a_preference_set_is_prepared_as_pairs_of_rows_split_by_example(tmp_path: Path, tok: Any) -> None:
+    """Rows 2i and 2i+1 are one pair (chosen, rejected) sharing its prompt; the validation split
+    takes whole pairs, and a reader of the cache knows the rows come in twos."""
+    settings = _settings(tmp_path / "unused", uri="builtin://secret-code-preference", fmt="preference", packing=False)
+    data = prepare(settings, tok, tmp_path / "cache", local_rank=0)
+    examples = len(builtin_datasets.secret_code_preference_records())
+    assert data.rows_per_example == 2
+    assert len(data.rows) % 2 == 0 and len(data.val_rows) % 2 == 0
+    assert (len(data.rows) + len(data.val_rows)) // 2 == examples
+    assert len(data.val_rows) // 2 == pytest.approx(examples * 0.1, abs=1)
+    for i in range(0, len(data.rows), 2):
+        chosen, rejected = data.rows[i], data.rows[i + 1]
+        prompt = next(n for n, label in enumerate(chosen.labels) if label != -100)
+        assert chosen.input_ids[:prompt] == rejected.input_ids[:prompt]
+        assert chosen.input_ids != rejected.input_ids
+    again = prepare(settings, tok, tmp_path / "cache", local_rank=1)  # read back from the cache
+    assert again.rows_per_example == 2 and len(again.rows) == len(data.rows)
+    with pytest.raises(DataError, match="packing is not allowed with format preference"):
+        prepare(dataclasses.replace(settings, packing=True), tok, tmp_path / "other", local_rank=0)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 IGNORE_INDEX = -100
+PREFERENCE = "preference"
+"""`dataset.format: preference`: rows of prompt, chosen and rejected (`tokenize_preference`)."""
 
 ALPACA_PROMPT = (
     "Below is an instruction that describes a task, paired with an input. "

@@ -16,7 +16,14 @@ from typing import Any
 from finetune_operator.api.pod_contract import TerminationReason
 from finetune_operator.api.storage_uri import StorageUri
 from finetune_trainer.data import builtin_datasets
-from finetune_trainer.data.formats import MalformedRecord, Sample, Tokenizer, tokenize_record
+from finetune_trainer.data.formats import (
+    PREFERENCE,
+    MalformedRecord,
+    Sample,
+    Tokenizer,
+    tokenize_preference,
+    tokenize_record,
+)
 from finetune_trainer.errors import TrainerError
 from finetune_trainer.storage import paths
 from finetune_trainer.storage.paths import resolve_uri
@@ -44,9 +51,11 @@ class RawRecord:
 
 @dataclass
 class LoadedData:
-    """Tokenised samples in file order, and what was skipped on the way."""
+    """Tokenised samples in file order, and what was skipped on the way. A preference record gives
+    two samples in a row, chosen then rejected (`per_example` 2)."""
 
     samples: list[Sample] = field(default_factory=list)
+    per_example: int = 1
     records: list[dict[str, Any]] = field(default_factory=list)
     malformed: int = 0
     empty: int = 0
@@ -126,14 +135,19 @@ def _hub_records(uri: str) -> Iterator[RawRecord]:
 
 def load_samples(uri: str, fmt: str, tokenizer: Tokenizer, max_len: int, skip_malformed: bool) -> LoadedData:
     """Tokenise every record; raise DataError on the first malformed one unless skipping."""
-    out = LoadedData()
+    out = LoadedData(per_example=2 if fmt == PREFERENCE else 1)
     for raw in raw_records(uri):
         try:
             if isinstance(raw.data, MalformedRecord):
                 raise raw.data
             if not isinstance(raw.data, dict):
                 raise MalformedRecord(f"expected a JSON object, got {type(raw.data).__name__}")
-            sample = tokenize_record(raw.data, fmt, tokenizer, max_len)
+            if fmt == PREFERENCE:
+                pair = tokenize_preference(raw.data, tokenizer, max_len)
+                samples = None if pair is None else [pair.chosen, pair.rejected]
+            else:
+                sample = tokenize_record(raw.data, fmt, tokenizer, max_len)
+                samples = None if sample is None else [sample]
         except MalformedRecord as exc:
             message = f"{raw.where}: malformed {fmt} record: {exc}"
             if not skip_malformed:
@@ -141,10 +155,10 @@ def load_samples(uri: str, fmt: str, tokenizer: Tokenizer, max_len: int, skip_ma
             out.malformed += 1
             out.first_problem = out.first_problem or message
             continue
-        if sample is None:
+        if samples is None:
             out.empty += 1
             continue
-        out.samples.append(sample)
+        out.samples.extend(samples)
         out.records.append(raw.data)
     if not out.samples:
         raise DataError(f"{uri}: no usable records (malformed: {out.malformed}, empty after truncation: {out.empty})")

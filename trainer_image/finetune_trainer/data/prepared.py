@@ -166,6 +166,8 @@ class PreparedData:
     folder: Path
     tokenized: bool
     """Whether this process tokenised the dataset (False: it read another process's result)."""
+    rows_per_example: int = 1
+    """Rows one example holds: 2 for a preference pair (rows 2i and 2i+1: chosen, rejected)."""
 
 
 def prepare(
@@ -228,14 +230,21 @@ def _build(settings: DataSettings, tokenizer: Tokenizer) -> tuple[RowTable, RowT
         for loaded in {id(data): data, id(held_out): held_out}.values()
         if loaded.malformed
     ]
-    train_idx, val_idx = split_validation(len(data.samples), settings.held_out_fraction, settings.seed)
+    k = data.per_example  # a preference example is two rows in a row, chosen then rejected
+    if k > 1 and settings.packing:  # the API refuses it too (dataset.packing)
+        raise DataError(
+            f"{settings.uri}: packing is not allowed with format {settings.fmt}: pairs are rows of their own"
+        )
+    train_idx, val_idx = split_validation(len(data.samples) // k, settings.held_out_fraction, settings.seed)
     if held_out is not data:
-        val_idx = list(range(len(held_out.samples)))
-    train = [data.samples[i] for i in train_idx]
-    val = [held_out.samples[i] for i in val_idx]
+        val_idx = list(range(len(held_out.samples) // k))
+    train = [data.samples[i * k + j] for i in train_idx for j in range(k)]
+    val = [held_out.samples[i * k + j] for i in val_idx for j in range(k)]
     rows = pack(train, settings.max_seq_length) if settings.packing else unpacked(train)
     demo = [held_out.records[i] for i in val_idx[:DEMO_LIMIT]] if paths.is_builtin(settings.uri) else []
-    meta = {"version": FORMAT_VERSION, "skipped": skipped, "warnings": warnings, "demo_records": demo}
+    meta: dict[str, Any] = {"version": FORMAT_VERSION, "skipped": skipped, "warnings": warnings, "demo_records": demo}
+    if k > 1:
+        meta["rows_per_example"] = k
     return RowTable.of(rows), RowTable.of(unpacked(val)), meta
 
 
@@ -281,6 +290,7 @@ def _read(folder: Path, tokenized: bool) -> PreparedData:
         demo_records=list(meta["demo_records"]),
         folder=folder,
         tokenized=tokenized,
+        rows_per_example=int(meta.get("rows_per_example", 1)),
     )
 
 
