@@ -144,3 +144,33 @@ def test_the_built_in_preference_set_pairs_the_right_code_with_one_wrong_word(to
         assert len(wrong) == len(right) and sum(a != b for a, b in zip(right, wrong, strict=True)) == 1
         assert set(wrong) <= set(table.values())
         assert tokenize_preference(row, tokenizer, 256) is not None
+
+
+def test_a_micro_batch_of_pairs_puts_every_chosen_row_first() -> None:
+    """Example i of a preference set is rows 2i (chosen) and 2i+1 (rejected); a micro-batch of
+    examples [3, 0] is [chosen 3, chosen 0, rejected 3, rejected 0], so `chunk(2)` splits it."""
+    from finetune_trainer.data.batching import Row, example_rows
+
+    rows = [Row((n,), (n,), (1,)) for n in range(8)]
+    assert [r.input_ids[0] for r in example_rows(rows, [3, 0], 2)] == [6, 0, 7, 1]
+    assert [r.input_ids[0] for r in example_rows(rows, [3, 0])] == [3, 0]  # SFT: example i is row i
+
+
+def test_the_trainer_refuses_an_objective_it_does_not_train_yet(tmp_path: Any) -> None:
+    """Until the loop trains dpo and orpo, a job asking for them stops before any data is read,
+    naming the field (not an SFT run on preference rows)."""
+    from pathlib import Path
+
+    import yaml
+
+    from finetune_operator.api import FineTuneJob
+    from finetune_trainer.rank.rank_setup import load_data
+    from finetune_trainer.settings import ConfigError
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml").read_text())
+    doc["spec"]["method"]["objective"] = "dpo"
+    doc["spec"]["dataset"] = {"uri": "builtin://secret-code-preference", "format": "preference"}
+    spec = FineTuneJob.from_wire(doc).spec
+    with pytest.raises(ConfigError, match=r"method\.objective: dpo"):
+        load_data(spec, None, None, None, local_rank=0, cache_root=tmp_path)  # type: ignore[arg-type]
+    assert not any(Path(tmp_path).iterdir())

@@ -97,6 +97,15 @@ def collate(rows: Sequence[Row], pad_id: int) -> dict[str, Any]:
     return {**out, "useful_tokens": useful, "trained_tokens": trained, "samples": sum(len(r.lengths) for r in rows)}
 
 
+def example_rows(rows: Sequence[Row], examples: Sequence[int], rows_per_example: int = 1) -> list[Row]:
+    """The rows of `examples` for one micro-batch: example i is row i, or for preference pairs
+    rows 2i (chosen) and 2i+1 (rejected), every chosen first, then every rejected, so that a
+    preference loss splits the batch with `chunk(2)`."""
+    if rows_per_example == 1:
+        return [rows[i] for i in examples]
+    return [rows[i * rows_per_example + j] for j in range(rows_per_example) for i in examples]
+
+
 @dataclass(frozen=True)
 class EpochSampler:
     """Which sequences each rank reads at each optimizer step: a pure function of the step.

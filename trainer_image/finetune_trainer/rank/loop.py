@@ -281,7 +281,7 @@ class Trainer:
         totals = _StepTotals()
         for indices in self.data.sampler.micro_batches(step, self.dist.rank):
             t0 = time.perf_counter()
-            batch = collate([self.data.rows[i] for i in indices], int(self.tokenizer.pad_token_id))
+            batch = collate(self.data.batch_rows(indices), int(self.tokenizer.pad_token_id))
             inputs = {k: v.to(self.engine.device) for k, v in batch.items() if hasattr(v, "to")}
             totals.wait += time.perf_counter() - t0
             loss = self.loss(self.engine, inputs)

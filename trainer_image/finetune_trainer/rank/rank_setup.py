@@ -16,14 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from finetune_operator.api.methods import Objective
 from finetune_operator.api.spec import DatasetFormat, FineTuneJobSpec
 from finetune_operator.api.status import PlanStatus
 from finetune_trainer.data import prepared
-from finetune_trainer.data.batching import EpochSampler, Row
+from finetune_trainer.data.batching import EpochSampler, Row, example_rows
 from finetune_trainer.data.formats import prompt_and_answer
 from finetune_trainer.data.loading import DataError
 from finetune_trainer.model import modeling
 from finetune_trainer.rank.schedule import lr_lambda
+from finetune_trainer.settings import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,12 @@ class TrainingData:
     total_steps: int
     skipped_records: int
     """Malformed records left out (training and validation files together), for the summary."""
+    rows_per_example: int = 1
+    """2 for preference pairs: the sampler deals examples, each two rows (`batching.example_rows`)."""
+
+    def batch_rows(self, examples: Sequence[int]) -> list[Row]:
+        """The rows of one micro-batch of examples (chosen first, then rejected, for pairs)."""
+        return example_rows(self.rows, examples, self.rows_per_example)
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,11 @@ def load_data(
     """The dataset (and the validation file, if any) tokenised, split and packed once per node
     (see `data.prepared`: local rank 0 builds it, the node's other ranks memory-map it), and the
     steps planned. `dist` is the run's collective (`rank`, `world`, `sum`)."""
+    if spec.method.objective_or_default != Objective.SFT:
+        raise ConfigError(
+            f"method.objective: {spec.method.objective_or_default} is planned but this trainer does not train it "
+            "yet (sft only)"
+        )
     data = prepared.prepare(prepared.DataSettings.of(spec), tokenizer, cache_root, local_rank)
     tokenising = round(dist.sum([float(data.tokenized)])[0])
     if dist.rank == 0:
@@ -79,16 +92,17 @@ def load_data(
             log.warning("%s", warning)
     prompts: list[list[int]] = []
     answers: list[str] = []
-    for record in data.demo_records:
+    for record in data.demo_records if data.rows_per_example == 1 else []:  # exact match is for SFT answers
         prompt, answer = exact_match_prompt(record, spec.dataset.format, tokenizer)
         prompts.append(prompt)
         answers.append(answer)
+    examples = len(data.rows) // data.rows_per_example
     sampler = EpochSampler(
-        len(data.rows), dist.world, plan.micro_batch_size, plan.gradient_accumulation_steps, spec.training.seed
+        examples, dist.world, plan.micro_batch_size, plan.gradient_accumulation_steps, spec.training.seed
     )
     if sampler.steps_per_epoch == 0:
         raise DataError(
-            f"{spec.dataset.uri}: {len(data.rows)} training sequences do not fill one optimizer step of "
+            f"{spec.dataset.uri}: {examples} training examples do not fill one optimizer step of "
             f"{sampler.per_step} (globalBatchSize); add data or lower the batch size"
         )
     t = spec.training
@@ -97,7 +111,13 @@ def load_data(
     else:
         total_steps = max(1, math.ceil((t.epochs or 1.0) * sampler.steps_per_epoch))
     return (
-        TrainingData(rows=data.rows, sampler=sampler, total_steps=total_steps, skipped_records=data.skipped),
+        TrainingData(
+            rows=data.rows,
+            sampler=sampler,
+            total_steps=total_steps,
+            skipped_records=data.skipped,
+            rows_per_example=data.rows_per_example,
+        ),
         HeldOut(rows=data.val_rows, prompts=prompts, answers=answers),
     )
 
