@@ -36,7 +36,8 @@ def main() -> None:
     from datasets import load_dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import SFTConfig, SFTTrainer
+    from trl.trainer.sft_config import SFTConfig
+    from trl.trainer.sft_trainer import SFTTrainer
 
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(args.model)

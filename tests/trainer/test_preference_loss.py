@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from collections import defaultdict
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -100,7 +100,7 @@ def trl_dpo_loss(
         "ref_chosen_logps": ref[0],
         "ref_rejected_logps": ref[1],
     }
-    result = trl_dpo.DPOTrainer._compute_loss(trainer, lambda **_: outputs, inputs, False)
+    result = trl_dpo.DPOTrainer._compute_loss(cast(Any, trainer), lambda **_: outputs, inputs, False)
     return result, trainer._metrics["train"]
 
 
@@ -114,7 +114,9 @@ def test_dpo_equals_trl(loss_type: str, seed: int) -> None:
 
     policy, tokens = completion_logps(logits, labels)
     ours = dpo_terms(policy, reference, tokens, beta=beta, loss_type=loss_type)
-    theirs, metrics = trl_dpo_loss(logits, labels, attention, ids, tuple(reference.chunk(2)), beta, loss_type)
+    theirs, metrics = trl_dpo_loss(
+        logits, labels, attention, ids, (reference[:PAIRS], reference[PAIRS:]), beta, loss_type
+    )
 
     assert torch.allclose(ours.loss, theirs, atol=1e-5, rtol=0), (float(ours.loss), float(theirs))
     mine = ours.metrics()
@@ -143,7 +145,7 @@ def test_orpo_equals_trl(seed: int) -> None:
 
     trainer = SimpleNamespace(beta=beta, accelerator=Accelerator())
     losses, chosen_rewards, rejected_rewards, _, _ = trl_orpo.ORPOTrainer.odds_ratio_loss(
-        trainer, *theirs_mean.chunk(2)
+        cast(Any, trainer), cast(Any, theirs_mean[:PAIRS]), cast(Any, theirs_mean[PAIRS:])
     )
     assert torch.allclose(ours.loss, nll - losses.mean(), atol=1e-5, rtol=0)
     assert torch.allclose(ours.chosen_rewards, chosen_rewards, atol=1e-6)

@@ -176,7 +176,8 @@ def preference_parts(record: dict[str, Any]) -> tuple[Any, Any, Any]:
     conversational form (lists of messages). Without a `prompt` field the prompt is implicit: the
     longest common prefix of chosen and rejected (messages, or characters less a space before the
     answer), as TRL's `extract_prompt` takes it."""
-    chosen, rejected = record.get("chosen"), record.get("rejected")
+    chosen: Any = record.get("chosen")
+    rejected: Any = record.get("rejected")
     for key, value in (("chosen", chosen), ("rejected", rejected)):
         if value is None:
             raise MalformedRecord(f"missing field {key!r}")
