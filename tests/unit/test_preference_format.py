@@ -156,9 +156,9 @@ def test_a_micro_batch_of_pairs_puts_every_chosen_row_first() -> None:
     assert [r.input_ids[0] for r in example_rows(rows, [3, 0])] == [3, 0]  # SFT: example i is row i
 
 
-def test_the_trainer_refuses_an_objective_it_does_not_train_yet(tmp_path: Any) -> None:
-    """Until the loop trains dpo and orpo, a job asking for them stops before any data is read,
-    naming the field (not an SFT run on preference rows)."""
+def test_the_trainer_refuses_a_reference_it_does_not_train_yet(tmp_path: Any) -> None:
+    """Full fine-tuning DPO (a frozen copy, or precomputed log-probabilities, as its reference)
+    stops before any data is read, naming the field."""
     from pathlib import Path
 
     import yaml
@@ -168,9 +168,9 @@ def test_the_trainer_refuses_an_objective_it_does_not_train_yet(tmp_path: Any) -
     from finetune_trainer.settings import ConfigError
 
     doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml").read_text())
-    doc["spec"]["method"]["objective"] = "dpo"
+    doc["spec"]["method"] = {"type": "full", "objective": "dpo"}
     doc["spec"]["dataset"] = {"uri": "builtin://secret-code-preference", "format": "preference"}
     spec = FineTuneJob.from_wire(doc).spec
-    with pytest.raises(ConfigError, match=r"method\.objective: dpo"):
+    with pytest.raises(ConfigError, match=r"method\.objective: dpo with type full needs a frozen-copy reference"):
         load_data(spec, None, None, None, local_rank=0, cache_root=tmp_path)  # type: ignore[arg-type]
     assert not any(Path(tmp_path).iterdir())

@@ -118,3 +118,55 @@ def exact_match(
     model.train(was_training)
     correct, seen = all_reduce_sum([correct, seen])
     return (correct / seen if seen else 0.0), examples
+
+
+def eval_preference(
+    engine: Any,
+    rows: Sequence[Row],
+    objective: Callable[[Any, dict[str, Any]], Any],
+    *,
+    rank: int,
+    world: int,
+    batch: int,
+    pad_id: int,
+    all_reduce_sum: Callable[[list[float]], list[float]],
+) -> dict[str, float]:
+    """Held-out preference pairs (rows 2i, 2i+1): the objective's loss, the preference accuracy
+    (the share of pairs whose chosen reward is the larger) and the reward margin, the same on
+    every rank. Repeats padding a rank's shard weigh 0 in the accuracy and the margin; the loss
+    is each micro-batch's mean weighted by its real pairs."""
+    import torch
+
+    from finetune_trainer.data.batching import example_rows
+
+    examples = len(rows) // 2
+    if not examples:
+        return {}
+    shard = _shard(examples, rank, world)
+    loss_sum = wins = margin = count = 0.0
+    model = engine.module
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(shard), batch):
+            part = shard[start : start + batch]
+            b = collate(example_rows(rows, [i for i, _ in part], 2), pad_id)
+            device = next(model.parameters()).device
+            inputs: dict[str, Any] = {k: b[k].to(device) for k in ("input_ids", "attention_mask", "labels") if k in b}
+            step = objective(engine, inputs)  # every rank runs the forwards, even on repeats
+            weights = torch.tensor([w for _, w in part])
+            chosen, rejected = step.terms.chosen_rewards.float().cpu(), step.terms.rejected_rewards.float().cpu()
+            real = float(weights.sum())
+            loss_sum += float(step.loss) * real
+            wins += float(((chosen > rejected).float() * weights).sum())
+            margin += float(((chosen - rejected) * weights).sum())
+            count += real
+    model.train(was_training)
+    loss_sum, wins, margin, count = all_reduce_sum([loss_sum, wins, margin, count])
+    if not count:
+        return {}
+    return {
+        "eval_loss": loss_sum / count,
+        "eval_preference_accuracy": wins / count,
+        "eval_reward_margin": margin / count,
+    }

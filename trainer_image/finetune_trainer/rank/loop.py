@@ -23,6 +23,7 @@ from finetune_trainer.data.batching import collate
 from finetune_trainer.metrics import RankMetrics
 from finetune_trainer.model import export, modeling
 from finetune_trainer.model.loss import training_loss
+from finetune_trainer.model.objectives import rank_objective
 from finetune_trainer.rank import evaluation, rank_setup
 from finetune_trainer.rank.devices import float64_on_rank
 from finetune_trainer.settings import JobConfig
@@ -43,6 +44,11 @@ class _StepTotals:
     samples: int = 0
     trained: int = 0
     wait: float = 0.0
+    pairs: int = 0
+    """Preference objectives: pairs seen, and their rewards' sums (chosen, rejected) and wins."""
+    chosen_rewards: float = 0.0
+    rejected_rewards: float = 0.0
+    wins: float = 0.0
 
 
 class Dist:
@@ -110,6 +116,7 @@ class Trainer:
         model = modeling.load_model(spec, plan, self.model_path, self.compute, ds_config)
         self.parameters = rank_setup.summarize_parameters(model, spec)
         self.loss = training_loss(model, on_gpu)
+        self.objective = rank_objective(spec, self.loss)
         self.engine = rank_setup.build_engine(
             model, spec=spec, plan=plan, ds_config=ds_config, total_steps=self.data.total_steps, on_gpu=on_gpu
         )
@@ -133,11 +140,25 @@ class Trainer:
             self.strategy,
             self.data.total_steps,
             self.data.sampler.steps_per_epoch,
-            self.loss.name,
+            self.objective.name,
         )
 
     # ---- evaluation --------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
+        if self.data.rows_per_example == 2:  # preference pairs: the objective's loss and the accuracy
+            pairs = evaluation.eval_preference(
+                self.engine,
+                self.held_out.rows,
+                self.objective,
+                rank=self.dist.rank,
+                world=self.dist.world,
+                batch=self.plan.micro_batch_size,
+                pad_id=int(self.tokenizer.pad_token_id),
+                all_reduce_sum=self.dist.sum,
+            )
+            if self.metrics is not None and "eval_loss" in pairs:
+                self.metrics.progress.eval_loss.set(pairs["eval_loss"])
+            return {"eval_loss": pairs.get("eval_loss"), **pairs}
         loss = evaluation.eval_loss(
             self.engine.module,
             self.held_out.rows,
@@ -284,9 +305,21 @@ class Trainer:
             batch = collate(self.data.batch_rows(indices), int(self.tokenizer.pad_token_id))
             inputs = {k: v.to(self.engine.device) for k, v in batch.items() if hasattr(v, "to")}
             totals.wait += time.perf_counter() - t0
-            loss = self.loss(self.engine, inputs)
+            step_loss = self.objective(self.engine, inputs)
+            loss = step_loss.loss
             self.engine.backward(loss)
             self.engine.step()
+            if step_loss.terms is not None:  # a mean over pairs: weighted by them
+                totals.loss_sum += float(loss.detach()) * step_loss.weight
+                totals.labels += step_loss.weight
+                totals.pairs += step_loss.weight
+                totals.chosen_rewards += float(step_loss.terms.chosen_rewards.sum())
+                totals.rejected_rewards += float(step_loss.terms.rejected_rewards.sum())
+                totals.wins += float((step_loss.terms.chosen_rewards > step_loss.terms.rejected_rewards).sum())
+                totals.tokens += batch["useful_tokens"]
+                totals.samples += batch["samples"]
+                totals.trained += batch["trained_tokens"]
+                continue
             labels = predicted_tokens(batch["labels"])
             if labels:  # a micro-batch with nothing to predict has a NaN mean and no weight
                 totals.loss_sum += float(loss.detach()) * labels
@@ -306,8 +339,19 @@ class Trainer:
         began = time.perf_counter()
         lr = float(self.engine.get_lr()[0])
         mine = self._micro_batches(step)
-        loss_all, label_all, tok_all, samp_all, trained_all, stops = self.dist.sum(
-            [mine.loss_sum, mine.labels, mine.tokens, mine.samples, mine.trained, preemption.flag()]
+        loss_all, label_all, tok_all, samp_all, trained_all, stops, pairs, chosen, rejected, wins = self.dist.sum(
+            [
+                mine.loss_sum,
+                mine.labels,
+                mine.tokens,
+                mine.samples,
+                mine.trained,
+                preemption.flag(),
+                mine.pairs,
+                mine.chosen_rewards,
+                mine.rejected_rewards,
+                mine.wins,
+            ]
         )
         self.stop_agreed = stops > 0  # every rank sees the same sum: they stop at the same boundary
         done = step + 1
@@ -352,6 +396,11 @@ class Trainer:
             # the whole iteration, the metric hooks included (seconds: the training work)
             "iteration_seconds": time.perf_counter() - iteration_began,
         }
+        if pairs:  # the rewards of a preference objective, as TRL reports them
+            entry["rewards_chosen"] = chosen / pairs
+            entry["rewards_rejected"] = rejected / pairs
+            entry["reward_margin"] = (chosen - rejected) / pairs
+            entry["preference_accuracy"] = wins / pairs
         if self.metrics is not None and self.metrics.alternate:
             entry["metrics"] = "off" if self.metrics.paused else "on"
         self._record(entry)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune_operator.api.methods import Objective
+from finetune_operator.api.methods import ReferenceModel
 from finetune_operator.api.spec import DatasetFormat, FineTuneJobSpec
 from finetune_operator.api.status import PlanStatus
 from finetune_trainer.data import prepared
@@ -79,10 +79,10 @@ def load_data(
     """The dataset (and the validation file, if any) tokenised, split and packed once per node
     (see `data.prepared`: local rank 0 builds it, the node's other ranks memory-map it), and the
     steps planned. `dist` is the run's collective (`rank`, `world`, `sum`)."""
-    if spec.method.objective_or_default != Objective.SFT:
+    if spec.method.reference in (ReferenceModel.FROZEN_COPY, ReferenceModel.PRECOMPUTED):
         raise ConfigError(
-            f"method.objective: {spec.method.objective_or_default} is planned but this trainer does not train it "
-            "yet (sft only)"
+            f"method.objective: {spec.method.objective_or_default} with type {spec.method.type} needs a "
+            f"{spec.method.reference} reference, which this trainer does not train yet (use lora or qlora)"
         )
     data = prepared.prepare(prepared.DataSettings.of(spec), tokenizer, cache_root, local_rank)
     tokenising = round(dist.sum([float(data.tokenized)])[0])
