@@ -397,7 +397,7 @@ def train(
             int(config.num_hidden_layers),
             int(config.hidden_size),
             spec.dataset.max_seq_length,
-            base_trains=spec.method.type == MethodType.FULL,
+            base_trains=spec.method.adaptation == MethodType.FULL,
         )
         peak = peak_flops(torch.cuda.get_device_name()) if on_gpu else None
         mfu = tokens_per_s * per_token / peak if peak else None
@@ -413,7 +413,7 @@ def train(
             CheckpointState(global_step=steps, strategy=strategy),
             rank=0,
             barrier=dist.barrier,
-            portable_state=spec.method.type != MethodType.FULL,
+            portable_state=spec.method.adaptation != MethodType.FULL,
         )
         size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
         step()  # the weights move on; loading must bring back the saved ones

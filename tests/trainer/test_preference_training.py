@@ -25,7 +25,7 @@ def test_two_ranks_train_a_preference_objective(
         "builtin://secret-code-preference",
         "/out",
         dataset={"format": "preference", "maxSeqLength": 48, "validationSplit": 0.01},
-        method={"type": "lora", "objective": objective, "lora": {"r": 8, "alpha": 16, "dropout": 0.0}},
+        method={"type": objective, "lora": {"r": 8, "alpha": 16, "dropout": 0.0}},
         training={"maxSteps": 8, "learningRate": 0.01},
     )
     config = render_config(tmp_path / "config", manifest)
@@ -46,3 +46,31 @@ def test_two_ranks_train_a_preference_objective(
     assert evals and {"eval_loss", "eval_preference_accuracy", "eval_reward_margin"} <= evals[-1].keys(), evals
     assert 0.0 <= evals[-1]["eval_preference_accuracy"] <= 1.0
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_full_model_dpo_compares_against_a_frozen_copy(
+    tmp_path: Path, tiny_model_dir: Path, launch: Callable[..., Run], zero_stage: int
+) -> None:
+    """`preference.base: full`: every weight trains, and the reference is a frozen copy of the base in
+    its own engine (partitioned like the policy under ZeRO-3). At the first step the two are equal
+    (loss log 2, margin 0); after that the policy moves away from the copy, which does not move."""
+    manifest = job_manifest(
+        str(tiny_model_dir),
+        "builtin://secret-code-preference",
+        "/out",
+        dataset={"format": "preference", "maxSeqLength": 48, "validationSplit": 0.01},
+        method={"type": "dpo", "preference": {"base": "full", "beta": 0.5}},
+        training={"maxSteps": 6, "learningRate": 0.0005},
+        deepspeed={"zeroStage": zero_stage},
+    )
+    out = tmp_path / "out"
+    run = launch(render_config(tmp_path / "config", manifest), out)
+    assert run.wait(480) == 0, run.log()[-4000:]
+    steps = [e for e in run.train_log() if "loss" in e]
+    assert [e["step"] for e in steps] == list(range(1, 7))
+    assert steps[0]["loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert steps[0]["reward_margin"] == pytest.approx(0.0, abs=1e-6)
+    assert any(abs(e["reward_margin"]) > 1e-4 for e in steps[1:]), steps  # the policy left its reference
+    assert min(e["loss"] for e in steps[-3:]) < steps[0]["loss"], [e["loss"] for e in steps]

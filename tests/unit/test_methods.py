@@ -16,11 +16,13 @@ from finetune_operator.api.methods import (
     Objective,
     ObjectiveTraits,
     ReferenceModel,
+    TrainingMethod,
     method_traits,
+    objective_of,
     objective_traits,
     reference_model,
 )
-from finetune_operator.api.spec import MethodSpec
+from finetune_operator.api.spec import MethodSpec, PreferenceSpec
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR = REPO / "operator" / "finetune_operator"
@@ -40,7 +42,7 @@ def test_every_method_the_api_accepts_has_its_traits() -> None:
 @pytest.mark.parametrize("method", list(MethodType))
 def test_traits_are_consistent(method: MethodType) -> None:
     traits = method_traits(method)
-    assert traits is method_traits(str(method)) is MethodSpec(type=method).traits
+    assert traits is method_traits(str(method)) is MethodSpec(type=TrainingMethod(method)).traits
     assert traits.has_adapter is not traits.base_trains
     assert not (traits.base_quantized and traits.base_trains)  # a quantized base is frozen
     assert method not in traits.lighter and set(traits.lighter) <= set(METHODS)
@@ -57,9 +59,11 @@ def test_supervised_methods_are_what_they_were() -> None:
 
 def test_every_objective_the_api_accepts_has_its_traits() -> None:
     assert set(OBJECTIVES) == set(Objective)
+    assert {objective_of(m) for m in TrainingMethod} == set(Objective)
     assert all(isinstance(t, ObjectiveTraits) for t in OBJECTIVES.values())
     for objective, traits in OBJECTIVES.items():
-        assert traits is objective_traits(str(objective)) is MethodSpec(objective=objective).objective_traits
+        kind = TrainingMethod.LORA if objective == Objective.SFT else TrainingMethod(objective)
+        assert traits is objective_traits(str(objective)) is MethodSpec(type=kind).objective_traits
         assert traits.sequences_per_example == (2 if traits.preference else 1)
         assert not traits.needs_reference or traits.preference  # only a preference objective has a reference
 
@@ -67,7 +71,7 @@ def test_every_objective_the_api_accepts_has_its_traits() -> None:
 def test_supervised_fine_tuning_is_what_it_was() -> None:
     sft = objective_traits(Objective.SFT)
     assert (sft.preference, sft.sequences_per_example, sft.needs_reference) == (False, 1, False)
-    assert {MethodSpec(type=m).reference for m in MethodType} == {ReferenceModel.NONE}
+    assert {MethodSpec(type=TrainingMethod(m)).reference for m in MethodType} == {ReferenceModel.NONE}
 
 
 @pytest.mark.parametrize("method", list(MethodType))
@@ -101,3 +105,23 @@ def test_no_module_branches_on_a_method_name(root: Path) -> None:
             if NAMED.search(line):
                 found.append(f"{rel}:{number}: {line.strip()}")
     assert not found, "read api.methods' traits instead:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("kind", [TrainingMethod.DPO, TrainingMethod.ORPO])
+@pytest.mark.parametrize("base", [None, *MethodType])
+def test_a_preference_method_adapts_its_weights_as_its_base_says(kind: TrainingMethod, base: MethodType | None) -> None:
+    """`method.type: dpo|orpo` is the objective; `preference.base` (lora when unset) the adaptation,
+    and the traits, the reference and the objective follow from the two."""
+    spec = MethodSpec(type=kind, preference=PreferenceSpec(base=base) if base else None)
+    adaptation = base or MethodType.LORA
+    assert spec.adaptation == adaptation
+    assert spec.traits is method_traits(adaptation)
+    assert spec.objective == Objective(kind)
+    assert spec.reference == reference_model(adaptation, Objective(kind))
+    assert spec.objective_traits.sequences_per_example == 2
+
+
+@pytest.mark.parametrize("kind", [TrainingMethod.LORA, TrainingMethod.QLORA, TrainingMethod.FULL])
+def test_a_supervised_method_is_its_own_adaptation(kind: TrainingMethod) -> None:
+    spec = MethodSpec(type=kind)
+    assert (spec.adaptation, spec.objective, spec.reference) == (MethodType(kind), Objective.SFT, ReferenceModel.NONE)

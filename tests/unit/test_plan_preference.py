@@ -27,12 +27,12 @@ def job(method: str, objective: str | None, precompute: bool | None = None) -> F
     doc: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
     spec = doc["spec"]
     spec["method"] = {"type": method}
-    if objective is not None:
-        spec["method"]["objective"] = objective
+    if objective is not None:  # a preference objective adapts the weights as preference.base says
+        spec["method"] = {"type": objective, "preference": {"base": method}}
         spec["dataset"]["format"] = "preference"
         spec["dataset"].pop("packing", None)
     if precompute is not None:
-        spec["method"]["preference"] = {"precomputeReference": precompute}
+        spec["method"]["preference"] = {**spec["method"].get("preference", {}), "precomputeReference": precompute}
     return FineTuneJob.from_wire(doc)
 
 

@@ -157,8 +157,8 @@ def test_a_micro_batch_of_pairs_puts_every_chosen_row_first() -> None:
 
 
 def test_the_trainer_refuses_a_reference_it_does_not_train_yet(tmp_path: Any) -> None:
-    """Full fine-tuning DPO (a frozen copy, or precomputed log-probabilities, as its reference)
-    stops before any data is read, naming the field."""
+    """A full-model DPO with precomputed reference log-probabilities (not trained yet) stops before
+    any data is read, naming the field."""
     from pathlib import Path
 
     import yaml
@@ -168,9 +168,9 @@ def test_the_trainer_refuses_a_reference_it_does_not_train_yet(tmp_path: Any) ->
     from finetune_trainer.settings import ConfigError
 
     doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml").read_text())
-    doc["spec"]["method"] = {"type": "full", "objective": "dpo"}
+    doc["spec"]["method"] = {"type": "dpo", "preference": {"base": "full", "precomputeReference": True}}
     doc["spec"]["dataset"] = {"uri": "builtin://secret-code-preference", "format": "preference"}
     spec = FineTuneJob.from_wire(doc).spec
-    with pytest.raises(ConfigError, match=r"method\.objective: dpo with type full needs a frozen-copy reference"):
+    with pytest.raises(ConfigError, match=r"method\.preference\.precomputeReference: precomputed reference"):
         load_data(spec, None, None, None, local_rank=0, cache_root=tmp_path)  # type: ignore[arg-type]
     assert not any(Path(tmp_path).iterdir())

@@ -1,6 +1,8 @@
-"""What each training method asks of the planner, the renderers and the trainer: one descriptor
-per `method.type` (how the weights are adapted) and one per `method.objective` (what they are
-trained towards), the one place a method is described.
+"""What each training method asks of the planner, the renderers and the trainer, the one place a
+method is described. `method.type` names both halves at once: how the weights are adapted (lora,
+qlora, full: a `MethodType`) and what they are trained towards (an `Objective`: sft, or the
+preference objectives dpo and orpo, which adapt the weights as `method.preference.base` says,
+LoRA by default). Each half has its descriptor.
 
 The planner, the renderers and the reconcile policies read these traits, never the method's name:
 "does the base model train?" (its gradients, optimizer states and a whole-model checkpoint),
@@ -17,17 +19,36 @@ from types import MappingProxyType
 
 
 class MethodType(StrEnum):
-    # `method.type` (no docstring: pydantic would put it into the CRD's schema)
+    # How the weights are adapted: `method.type` of a supervised job, `method.preference.base` of a
+    # preference one (no docstring: pydantic would put it into the CRD's schema)
     LORA = "lora"
     QLORA = "qlora"
     FULL = "full"
 
 
+class TrainingMethod(StrEnum):
+    # `method.type`: a supervised method (lora, qlora, full) or a preference objective (dpo, orpo)
+    LORA = "lora"
+    QLORA = "qlora"
+    FULL = "full"
+    DPO = "dpo"
+    ORPO = "orpo"
+
+
 class Objective(StrEnum):
-    # `method.objective` (no docstring: pydantic would put it into the CRD's schema)
+    # What the weights are trained towards, read from `method.type`
     SFT = "sft"
     DPO = "dpo"
     ORPO = "orpo"
+
+
+PREFERENCE_METHODS = (TrainingMethod.DPO, TrainingMethod.ORPO)
+"""The `method.type` values that are preference objectives (their base in `method.preference.base`)."""
+
+
+def objective_of(method: TrainingMethod | str) -> Objective:
+    """The objective `method.type` trains towards: dpo and orpo are their own, the rest sft."""
+    return Objective(method) if method in PREFERENCE_METHODS else Objective.SFT
 
 
 class PreferenceLoss(StrEnum):

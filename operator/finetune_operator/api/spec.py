@@ -36,13 +36,16 @@ from .base import (
     quantity_bytes,
 )
 from .methods import (
+    PREFERENCE_METHODS,
     MethodTraits,
     MethodType,
     Objective,
     ObjectiveTraits,
     PreferenceLoss,
     ReferenceModel,
+    TrainingMethod,
     method_traits,
+    objective_of,
     objective_traits,
     reference_model,
 )
@@ -355,8 +358,14 @@ class QloraSpec(ApiModel):
 
 
 class PreferenceSpec(ApiModel):
-    """Preference tuning's settings (objective dpo or orpo); terms as TRL defines them."""
+    """Preference tuning's settings (method.type dpo or orpo); terms as TRL defines them."""
 
+    base: MethodType | None = Field(
+        default=None,
+        description="How the policy's weights are adapted: lora (the default), qlora or full. With lora and qlora "
+        "the reference is the same base with the adapter switched off (no extra weights); with full, dpo holds "
+        "a frozen copy of the model (or precomputed log-probabilities, see precomputeReference).",
+    )
     beta: Annotated[float, Field(gt=0.0, le=10.0)] = Field(
         default=0.1,
         description="dpo: how far the policy may move from the reference (the loss's temperature); "
@@ -367,90 +376,110 @@ class PreferenceSpec(ApiModel):
     )
     precompute_reference: bool | None = Field(
         default=None,
-        description="dpo with full fine-tuning only: compute the reference model's log-probabilities once, "
+        description="dpo with base full only: compute the reference model's log-probabilities once, "
         "before training, and keep them with the prepared data, instead of holding a frozen copy of the "
         "model beside the policy while training.",
+    )
+
+
+def _adapts(adaptation: str, method: str = "self") -> str:
+    """CEL: the job's weights are adapted as `adaptation` (`method.type`, or a preference objective's
+    `preference.base`, lora when unset); `method` is the CEL path of the method object."""
+    base = f"has({method}.preference) && has({method}.preference.base)"
+    preference = f"has({method}.type) && ({method}.type == 'dpo' || {method}.type == 'orpo')"
+    if adaptation == MethodType.LORA:
+        return (
+            f"(!has({method}.type) || {method}.type == 'lora' "
+            f"|| ({preference} && (!({base}) || {method}.preference.base == 'lora')))"
+        )
+    return (
+        f"((has({method}.type) && {method}.type == '{adaptation}') "
+        f"|| ({preference} && {base} && {method}.preference.base == '{adaptation}'))"
     )
 
 
 class MethodSpec(RuledModel):
     """How the weights are adapted, and what they are trained towards."""
 
-    type: MethodType = Field(default=MethodType.LORA, description="lora, qlora or full fine-tuning.")
-    objective: Objective | None = Field(
-        default=None,
-        description="sft (supervised: the answer's next-token loss; the default), dpo (direct preference optimisation "
-        "against a reference model) or orpo (odds-ratio preference optimisation, reference-free); dpo and "
-        "orpo read dataset.format preference.",
+    type: TrainingMethod = Field(
+        default=TrainingMethod.LORA,
+        description="lora, qlora or full supervised fine-tuning, or a preference objective on preference pairs: "
+        "dpo (direct preference optimisation against a reference model) or orpo (odds-ratio preference "
+        "optimisation, reference-free); dpo and orpo adapt the weights as preference.base says (lora by "
+        "default) and read dataset.format preference.",
     )
-    lora: LoraSpec | None = Field(default=None, description="Adapter settings (lora and qlora).")
-    qlora: QloraSpec | None = Field(default=None, description="Quantisation settings (qlora only).")
+    lora: LoraSpec | None = Field(default=None, description="Adapter settings (lora and qlora adaptation).")
+    qlora: QloraSpec | None = Field(default=None, description="Quantisation settings (qlora adaptation only).")
     preference: PreferenceSpec | None = Field(default=None, description="Preference settings (dpo and orpo only).")
 
     __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (
         CrossFieldRule(
-            cel="(has(self.type) && self.type == 'qlora') || !has(self.qlora)",
-            message="qlora settings are only allowed when type is qlora",
+            cel=f"{_adapts(MethodType.QLORA)} || !has(self.qlora)",
+            message="qlora settings are only allowed when type is qlora (or a dpo/orpo preference.base is qlora)",
             field_path=".qlora",
-            check=lambda m: m.type == MethodType.QLORA or m.qlora is None,
+            check=lambda m: m.adaptation == MethodType.QLORA or m.qlora is None,
         ),
         CrossFieldRule(
-            cel="!has(self.type) || self.type != 'full' || !has(self.lora)",
-            message="lora settings are not allowed when type is full",
+            cel=f"!{_adapts(MethodType.FULL)} || !has(self.lora)",
+            message="lora settings are not allowed when type is full (or a dpo/orpo preference.base is full)",
             field_path=".lora",
-            check=lambda m: m.type != MethodType.FULL or m.lora is None,
+            check=lambda m: m.adaptation != MethodType.FULL or m.lora is None,
         ),
         CrossFieldRule(
-            cel="!has(self.preference) || (has(self.objective) && self.objective != 'sft')",
-            message="preference settings are only allowed when objective is dpo or orpo",
+            cel="!has(self.preference) || (has(self.type) && (self.type == 'dpo' || self.type == 'orpo'))",
+            message="preference settings are only allowed when type is dpo or orpo",
             field_path=".preference",
-            check=lambda m: m.preference is None or m.objective_or_default != Objective.SFT,
+            check=lambda m: m.preference is None or m.type in PREFERENCE_METHODS,
         ),
         CrossFieldRule(
-            cel="!has(self.preference) || !has(self.preference.lossType) "
-            "|| (has(self.objective) && self.objective == 'dpo')",
-            message="lossType is only allowed when objective is dpo",
+            cel="!has(self.preference) || !has(self.preference.lossType) || (has(self.type) && self.type == 'dpo')",
+            message="lossType is only allowed when type is dpo",
             field_path=".preference.lossType",
-            check=lambda m: (
-                m.preference is None or m.preference.loss_type is None or m.objective_or_default == Objective.DPO
-            ),
+            check=lambda m: m.preference is None or m.preference.loss_type is None or m.type == TrainingMethod.DPO,
         ),
         CrossFieldRule(
             cel="!has(self.preference) || !has(self.preference.precomputeReference) "
             "|| !self.preference.precomputeReference "
-            "|| (has(self.objective) && self.objective == 'dpo' && has(self.type) && self.type == 'full')",
-            message="precomputeReference is only allowed when objective is dpo and type is full "
+            "|| (has(self.type) && self.type == 'dpo' && has(self.preference.base) && self.preference.base == 'full')",
+            message="precomputeReference is only allowed when type is dpo and preference.base is full "
             "(lora and qlora use their own base, with the adapter off, as the reference)",
             field_path=".preference.precomputeReference",
             check=lambda m: (
                 m.preference is None
                 or not m.preference.precompute_reference
-                or (m.objective_or_default == Objective.DPO and m.type == MethodType.FULL)
+                or (m.type == TrainingMethod.DPO and m.adaptation == MethodType.FULL)
             ),
         ),
     )
 
     @property
-    def traits(self) -> MethodTraits:
-        """What this method trains and how it holds the frozen part (api.methods)."""
-        return method_traits(self.type)
+    def adaptation(self) -> MethodType:
+        """How the weights are adapted: `type` for supervised fine-tuning, `preference.base` (lora when
+        unset) for dpo and orpo."""
+        if self.type in PREFERENCE_METHODS:
+            return (self.preference and self.preference.base) or MethodType.LORA
+        return MethodType(self.type)
 
     @property
-    def objective_or_default(self) -> Objective:
-        """`objective`, sft when unset (unset rather than defaulted: a job's rendered config, and so its
-        gang's hash, stays what it was before objectives existed)."""
-        return self.objective or Objective.SFT
+    def traits(self) -> MethodTraits:
+        """What this method trains and how it holds the frozen part (api.methods)."""
+        return method_traits(self.adaptation)
+
+    @property
+    def objective(self) -> Objective:
+        """What the weights are trained towards: dpo and orpo are their own objective, the rest sft."""
+        return objective_of(self.type)
 
     @property
     def objective_traits(self) -> ObjectiveTraits:
         """What this objective trains towards: rows, sequences per example, reference (api.methods)."""
-        return objective_traits(self.objective_or_default)
+        return objective_traits(self.objective)
 
     @property
     def reference(self) -> ReferenceModel:
         """The reference model the objective compares the policy against (api.methods.reference_model)."""
         precompute = bool(self.preference and self.preference.precompute_reference)
-        return reference_model(self.type, self.objective_or_default, precompute)
+        return reference_model(self.adaptation, self.objective, precompute)
 
     @property
     def preference_or_default(self) -> PreferenceSpec:
@@ -841,30 +870,28 @@ class FineTuneJobSpec(RuledModel):
 
     __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (
         CrossFieldRule(
-            cel="!has(self.method) || !has(self.method.objective) || self.method.objective == 'sft' "
+            cel="!has(self.method) || !has(self.method.type) "
+            "|| (self.method.type != 'dpo' && self.method.type != 'orpo') "
             "|| (has(self.dataset.format) && self.dataset.format == 'preference')",
             message="dpo and orpo read preference pairs: set dataset.format to preference "
             "(rows with prompt, chosen and rejected)",
             field_path=".dataset.format",
-            check=lambda s: (
-                s.method.objective_or_default == Objective.SFT or s.dataset.format == DatasetFormat.PREFERENCE
-            ),
+            check=lambda s: s.method.objective == Objective.SFT or s.dataset.format == DatasetFormat.PREFERENCE,
         ),
         CrossFieldRule(
             cel="!has(self.dataset.format) || self.dataset.format != 'preference' "
-            "|| (has(self.method) && has(self.method.objective) && self.method.objective != 'sft')",
-            message="format preference is for preference tuning: set method.objective to dpo or orpo",
-            field_path=".method.objective",
-            check=lambda s: (
-                s.dataset.format != DatasetFormat.PREFERENCE or s.method.objective_or_default != Objective.SFT
-            ),
+            "|| (has(self.method) && has(self.method.type) "
+            "&& (self.method.type == 'dpo' || self.method.type == 'orpo'))",
+            message="format preference is for preference tuning: set method.type to dpo or orpo",
+            field_path=".method.type",
+            check=lambda s: s.dataset.format != DatasetFormat.PREFERENCE or s.method.objective != Objective.SFT,
         ),
         CrossFieldRule(
-            cel="!has(self.method) || !has(self.method.type) || self.method.type != 'qlora' "
+            cel=f"!has(self.method) || !{_adapts(MethodType.QLORA, 'self.method')} "
             "|| !has(self.training) || !has(self.training.precision) || self.training.precision != 'fp32'",
             message="qlora needs a 16-bit compute dtype: set training.precision to bf16 or fp16",
             field_path=".training.precision",
-            check=lambda s: s.method.type != MethodType.QLORA or s.training.precision != Precision.FP32,
+            check=lambda s: s.method.adaptation != MethodType.QLORA or s.training.precision != Precision.FP32,
         ),
         CrossFieldRule(
             cel="!has(self.podTemplate) || !has(self.podTemplate.priorityClassName) || !has(self.resources) "
@@ -978,7 +1005,7 @@ IMMUTABLE_SPEC_RULES: tuple[CrossFieldRule, ...] = (
         # LoRA/QLoRA checkpoints are strategy-independent (any world size loads them); full fine-tuning's
         # DeepSpeed shards are converted to a universal checkpoint for the new world size, except under a
         # pinned ZeRO-0 or NVMe offload (see finetune_trainer.checkpoint.universal). A change rolls the gang.
-        cel="!(has(self.method) && has(self.method.type) && self.method.type == 'full') || ("
+        cel=f"!(has(self.method) && {_adapts(MethodType.FULL, 'self.method')}) || ("
         + _same_defaulted("resources", "numNodes", 1)
         + ") || !("
         + _FULL_UNCONVERTIBLE

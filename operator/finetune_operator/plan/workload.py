@@ -254,7 +254,7 @@ def workload_from_spec(spec: FineTuneJobSpec, local_files: bool = True, source: 
         raise
     except (ValueError, TypeError, KeyError, ArithmeticError) as exc:  # a config.json of odd values
         raise InvalidModelError(f"{source.origin}: cannot read the model's architecture: {exc}") from None
-    method = MethodType(spec.method.type)
+    method = spec.method.adaptation
     lora = spec.method.lora_or_default
     counts = count_parameters(shape, None if method_traits(method).base_trains else lora.r, lora.target_modules)
     precision = str(spec.training.precision)
@@ -284,6 +284,6 @@ def workload_from_spec(spec: FineTuneJobSpec, local_files: bool = True, source: 
         on_cpu=on_cpu,
         packing=spec.dataset.packing,
         merged_export=spec.output.merged_model,
-        objective=spec.method.objective_or_default,
+        objective=spec.method.objective,
         precompute_reference=bool(spec.method.preference_or_default.precompute_reference),
     )

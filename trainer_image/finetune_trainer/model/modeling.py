@@ -274,6 +274,45 @@ def load_model(
     `ds_config` (the effective DeepSpeed config) lets ZeRO-3 build the model partitioned.
     """
     import torch
+
+    dtype = getattr(torch, compute.dtype_name)
+    traits = spec.method.traits
+    model = _pretrained(spec, plan, path, compute, ds_config)
+    if traits.base_quantized:
+        keep_4bit_training_layout(model)
+        freeze_4bit_base(model, plan.gradient_checkpointing)
+    elif plan.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if traits.has_adapter:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, _lora_config(spec, model))
+        if plan.zero_stage == 3 and not traits.base_quantized and dtype in (torch.bfloat16, torch.float16):
+            uniform_trainable_dtype(model, dtype)
+    else:
+        for param in model.parameters():
+            param.requires_grad_(True)
+    return model
+
+
+def load_reference(
+    spec: FineTuneJobSpec, plan: PlanStatus, path: str, compute: ComputeSettings, ds_config: dict[str, Any] | None
+) -> Any:
+    """A frozen copy of the base model (full-model DPO's reference): loaded like the policy (partitioned
+    at load under ZeRO-3), every weight frozen, in eval mode. It is the base a job started from, not a
+    checkpoint: a resumed or re-planned job compares against the same reference."""
+    model = _pretrained(spec, plan, path, compute, ds_config)
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model.eval()
+
+
+def _pretrained(
+    spec: FineTuneJobSpec, plan: PlanStatus, path: str, compute: ComputeSettings, ds_config: dict[str, Any] | None
+) -> Any:
+    """The checkpoint at `path` as transformers loads it for this job: its dtype, quantized where the
+    method says, partitioned at load under ZeRO-3, without the generation cache."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, compute.dtype_name)
@@ -285,7 +324,7 @@ def load_model(
         "token": os.environ.get(PodEnv.HF_TOKEN),
         **NO_HUB_KERNELS,
     }
-    method, traits = MethodType(spec.method.type), spec.method.traits
+    method, traits = spec.method.adaptation, spec.method.traits
     if traits.base_quantized:
         kwargs["quantization_config"] = quantization_config(spec, plan, dtype)
         kwargs["device_map"] = {"": _local_device(compute)}
@@ -306,20 +345,6 @@ def load_model(
             full,
         )
     model.config.use_cache = False
-    if traits.base_quantized:
-        keep_4bit_training_layout(model)
-        freeze_4bit_base(model, plan.gradient_checkpointing)
-    elif plan.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[no-untyped-call]
-    if traits.has_adapter:
-        from peft import get_peft_model
-
-        model = get_peft_model(model, _lora_config(spec, model))
-        if plan.zero_stage == 3 and not traits.base_quantized and dtype in (torch.bfloat16, torch.float16):
-            uniform_trainable_dtype(model, dtype)
-    else:
-        for param in model.parameters():
-            param.requires_grad_(True)
     return model
 
 

@@ -5,7 +5,8 @@ or ORPO over a micro-batch of pairs, every chosen row first (`batching.example_r
 policy's completion log-probabilities from one forward of all 2B rows and, for DPO, the
 reference's from a forward without gradients. An adapter method's reference is its own base
 with the adapter switched off (peft's `disable_adapter`): no second model. Full fine-tuning's
-reference (a frozen copy, or precomputed log-probabilities) is not trained here yet.
+reference is a frozen copy of the base in its own DeepSpeed engine (`rank_setup.build_reference_engine`);
+precomputed reference log-probabilities are not trained here yet.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class Preference:
     beta: float
     loss_type: PreferenceLoss
     reference: ReferenceModel
+    reference_engine: Any = None
+    """The frozen copy's engine (a `FROZEN_COPY` reference), None otherwise."""
 
     @property
     def name(self) -> str:
@@ -88,10 +91,14 @@ class Preference:
     def _reference_logps(self, engine: Any, model_inputs: dict[str, Any], labels: Any) -> Any:
         import torch
 
-        if self.reference is not ReferenceModel.ADAPTER_DISABLED:
+        if self.reference is ReferenceModel.FROZEN_COPY and self.reference_engine is not None:
+            with torch.no_grad():
+                reference_logits = self.reference_engine(**model_inputs).logits
+        elif self.reference is ReferenceModel.ADAPTER_DISABLED:
+            with torch.no_grad(), engine.module.disable_adapter():
+                reference_logits = engine(**model_inputs).logits
+        else:
             raise ConfigError(f"method.preference: a {self.reference} reference is not trained by this trainer yet")
-        with torch.no_grad(), engine.module.disable_adapter():
-            reference_logits = engine(**model_inputs).logits
         return completion_logps(reference_logits, labels)[0]
 
     @staticmethod
@@ -107,15 +114,17 @@ class Preference:
         return F.cross_entropy(logits[:pairs, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
 
 
-def rank_objective(spec: FineTuneJobSpec, loss: TrainingLoss) -> RankObjective:
-    """The objective a rank trains with: `loss` for SFT, a `Preference` for dpo and orpo."""
+def rank_objective(spec: FineTuneJobSpec, loss: TrainingLoss, reference_engine: Any = None) -> RankObjective:
+    """The objective a rank trains with: `loss` for SFT, a `Preference` for dpo and orpo
+    (`reference_engine`: the frozen copy a full-model DPO compares against)."""
     method = spec.method
-    if method.objective_or_default == Objective.SFT:
+    if method.objective == Objective.SFT:
         return Supervised(loss)
     settings = method.preference_or_default
     return Preference(
-        objective=method.objective_or_default,
+        objective=method.objective,
         beta=settings.beta,
         loss_type=settings.loss_type or PreferenceLoss.SIGMOID,
         reference=method.reference,
+        reference_engine=reference_engine,
     )

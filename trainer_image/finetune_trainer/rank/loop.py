@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from finetune_operator.api.methods import ReferenceModel
 from finetune_operator.api.pod_contract import CheckpointState, TrainingSummary
 from finetune_operator.api.strategy import Strategy
 from finetune_trainer import faults, leader_work, preemption
@@ -116,10 +117,14 @@ class Trainer:
         model = modeling.load_model(spec, plan, self.model_path, self.compute, ds_config)
         self.parameters = rank_setup.summarize_parameters(model, spec)
         self.loss = training_loss(model, on_gpu)
-        self.objective = rank_objective(spec, self.loss)
         self.engine = rank_setup.build_engine(
             model, spec=spec, plan=plan, ds_config=ds_config, total_steps=self.data.total_steps, on_gpu=on_gpu
         )
+        reference = None
+        if spec.method.reference == ReferenceModel.FROZEN_COPY:  # full-model DPO: a frozen copy of the base
+            frozen = modeling.load_reference(spec, plan, self.model_path, self.compute, ds_config)
+            reference = rank_setup.build_reference_engine(frozen, ds_config)
+        self.objective = rank_objective(spec, self.loss, reference)
         if self.metrics is not None:
             self.metrics.engine_ready(self.engine)
         self.tracking = Recorder.for_rank(self.cfg, rank, on_gpu)
@@ -507,7 +512,7 @@ class Trainer:
         full = self.spec.method.traits.base_trains
         target = self.out / ("model" if full else "adapter")
         merged = self.out / "merged" if self.spec.output.merged_model and not full else None
-        gathered = export.gather_trained(self.engine.module, self.spec.method.type, self.dist.rank)
+        gathered = export.gather_trained(self.engine.module, self.spec.method.adaptation, self.dist.rank)
 
         def write() -> None:  # rank 0, while the others wait outside the collective timeout
             faults.fault_point("export", self.data.total_steps)

@@ -79,10 +79,10 @@ def load_data(
     """The dataset (and the validation file, if any) tokenised, split and packed once per node
     (see `data.prepared`: local rank 0 builds it, the node's other ranks memory-map it), and the
     steps planned. `dist` is the run's collective (`rank`, `world`, `sum`)."""
-    if spec.method.reference in (ReferenceModel.FROZEN_COPY, ReferenceModel.PRECOMPUTED):
+    if spec.method.reference == ReferenceModel.PRECOMPUTED:
         raise ConfigError(
-            f"method.objective: {spec.method.objective_or_default} with type {spec.method.type} needs a "
-            f"{spec.method.reference} reference, which this trainer does not train yet (use lora or qlora)"
+            "method.preference.precomputeReference: precomputed reference log-probabilities are planned but not "
+            "trained by this trainer yet; leave it unset (dpo with preference.base full holds a frozen copy)"
         )
     data = prepared.prepare(prepared.DataSettings.of(spec), tokenizer, cache_root, local_rank)
     tokenising = round(dist.sum([float(data.tokenized)])[0])
@@ -188,4 +188,28 @@ def build_engine(
         optimizer, lr_lambda(str(spec.training.lr_schedule), warmup, total_steps)
     )
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+    return engine
+
+
+def reference_config(ds_config: dict[str, Any]) -> dict[str, Any]:
+    """The DeepSpeed config of a frozen reference model: the policy's precision and batch shape, no
+    optimizer or scheduler; under ZeRO-3 partitioned like the policy (its parameter offload too),
+    otherwise whole on each rank (stage 0: ZeRO 1-2 partition only what a reference does not have)."""
+    config = {k: v for k, v in ds_config.items() if k not in ("optimizer", "scheduler")}
+    zero = dict(config.get("zero_optimization") or {})
+    if zero.get("stage") == 3:
+        zero.pop("offload_optimizer", None)
+        config["zero_optimization"] = zero
+    else:
+        config["zero_optimization"] = {"stage": 0}
+    return config
+
+
+def build_reference_engine(model: Any, ds_config: dict[str, Any]) -> Any:
+    """DeepSpeed's engine over a frozen reference (`modeling.load_reference`), for forwards only."""
+    from finetune_trainer.deepspeed_import import import_deepspeed
+
+    deepspeed = import_deepspeed()
+    engine, _, _, _ = deepspeed.initialize(model=model, config=reference_config(ds_config))
+    engine.eval()
     return engine
