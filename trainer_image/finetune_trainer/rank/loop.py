@@ -534,6 +534,7 @@ class Trainer:
             wall_seconds=round(time.time() - self.started, 3),
             eval_loss=after.get("eval_loss"),
             eval_loss_before=before.get("eval_loss"),
+            eval_preference_accuracy=after.get("eval_preference_accuracy"),
             exact_match=after.get("exact_match"),
             exact_match_before=before.get("exact_match") if "exact_match" in after else None,
             skipped_records=self.data.skipped_records,
