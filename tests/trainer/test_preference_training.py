@@ -1,16 +1,24 @@
 """DPO and ORPO through the real entrypoint: two DeepSpeed ranks on gloo, a LoRA adapter on the tiny
 model, the built-in preference set. A fresh adapter starts at DPO's log 2 (policy = reference), the
-loss falls, and every step logs the rewards, their margin and the preference accuracy."""
+loss falls, and every step logs the rewards, their margin and the preference accuracy. Rank 0's
+/metrics, read as the operator reads it, gives them to `status.progress`, and the summary carries
+the final evaluation's accuracy."""
 
 from __future__ import annotations
 
 import math
+import time
+import urllib.request
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from tests.support.training_runs import Run, job_manifest, render_config
+from finetune_operator.api.status import Progress
+from finetune_operator.reconcile.progress import Sample, parse, to_progress
+from tests.support.prometheus_server import free_port_pair
+from tests.support.training_runs import Run, job_manifest, render_config, wait_for
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -30,8 +38,24 @@ def test_two_ranks_train_a_preference_objective(
     )
     config = render_config(tmp_path / "config", manifest)
     out = tmp_path / "out"
-    run = launch(config, out)
-    assert run.wait(480) == 0, run.log()[-4000:]
+    metrics_port = free_port_pair()
+    run = launch(config, out, env={"FTJOB_METRICS_PORT": str(metrics_port)})
+    scraped: list[Progress] = []  # rank 0's progress as the operator's scrape reads it, while training
+
+    def scrape_until_done() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as response:
+                values = parse(response.read().decode())
+        except OSError:
+            values = None
+        if values is not None:
+            progress = to_progress(datetime.now(UTC), Sample(at=time.time(), values=values), None)
+            if progress.preference_accuracy is not None:
+                scraped.append(progress)
+        return run.proc.poll() is not None
+
+    assert wait_for(scrape_until_done, 480, interval=0.2)
+    assert run.wait(60) == 0, run.log()[-4000:]
     steps = [e for e in run.train_log() if "loss" in e]
     assert [e["step"] for e in steps] == list(range(1, 9))
     for entry in steps:
@@ -45,6 +69,13 @@ def test_two_ranks_train_a_preference_objective(
     evals = [e["eval"] for e in run.train_log() if "eval" in e]
     assert evals and {"eval_loss", "eval_preference_accuracy", "eval_reward_margin"} <= evals[-1].keys(), evals
     assert 0.0 <= evals[-1]["eval_preference_accuracy"] <= 1.0
+    assert run.summary()["evalPreferenceAccuracy"] == evals[-1]["eval_preference_accuracy"]
+    assert scraped, "no scrape of rank 0 saw a step's preference accuracy"
+    for key in ("preference_accuracy", "reward_margin", "rewards_chosen", "rewards_rejected"):
+        logged = {round(e[key], 4) for e in steps}
+        for progress in scraped:  # some step's value (a scrape may land between two steps' gauges)
+            assert getattr(progress, key) in logged, (key, progress)
+    assert all(p.eval_preference_accuracy is not None for p in scraped)  # the evaluation before step 1
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
 
 

@@ -91,7 +91,21 @@ def test_status_subresource_and_printer_columns() -> None:
     version = crdgen.build_crd()["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names[:6] == ["Status", "Nodes×GPUs", "ZeRO", "Progress", "Loss", "Age"]
+    assert names[:7] == ["Status", "Nodes×GPUs", "ZeRO", "Progress", "Loss", "Accuracy", "Age"]
+
+
+def test_a_preference_job_shows_its_accuracy_where_sft_shows_the_loss() -> None:
+    version = crdgen.build_crd()["spec"]["versions"][0]
+    column = next(c for c in version["additionalPrinterColumns"] if c["name"] == "Accuracy")
+    assert (column["type"], column.get("format"), column["jsonPath"]) == (
+        "number",
+        "float",
+        ".status.progress.preferenceAccuracy",
+    )
+    assert "priority" not in column  # shown by a plain `kubectl get ftj`
+    progress = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["progress"]["properties"]
+    for field in ("preferenceAccuracy", "rewardMargin", "rewardsChosen", "rewardsRejected", "evalPreferenceAccuracy"):
+        assert progress[field]["type"] == "number" and progress[field]["nullable"] is True, field
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])

@@ -138,6 +138,22 @@ def test_rows_of_the_training_dashboard_follow_the_metrics_catalogue() -> None:
     } <= titles
 
 
+def test_the_progress_row_plots_the_preference_series() -> None:
+    dashboard = load("training-job.json")
+    panel = next(p for p in panels(dashboard) if p["title"] == "Preference (DPO / ORPO)")
+    rows = [p for p in dashboard["panels"] if p["type"] == "row"]
+    progress, memory = (next(r for r in rows if r["title"] == t)["gridPos"]["y"] for t in ("Progress", "GPU memory"))
+    assert progress < panel["gridPos"]["y"] < memory
+    names = [n for t in panel["targets"] for n in _metric_names(t["expr"])]
+    assert names == [
+        "finetune_train_reward_chosen",
+        "finetune_train_reward_rejected",
+        "finetune_train_reward_margin",
+        "finetune_train_preference_accuracy",
+        "finetune_eval_preference_accuracy",
+    ]
+
+
 def test_operator_dashboard_shows_every_operator_metric() -> None:
     from finetune_operator.reconcile import metrics
 
@@ -199,7 +215,7 @@ def test_trainer_progress_metric_names_exist_in_the_trainer() -> None:
     exported = {s.name for m in registry.collect() for s in m.samples}
     for q in panel_queries():
         for name in _metric_names(q.expr):
-            if name.startswith(("finetune_train_", "finetune_checkpoint_", "finetune_trainer_info")):
+            if name.startswith(("finetune_train_", "finetune_eval_", "finetune_checkpoint_", "finetune_trainer_info")):
                 assert name in exported, (q.panel, name)
 
 

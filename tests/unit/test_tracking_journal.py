@@ -79,6 +79,27 @@ def test_a_record_carries_the_metrics_of_its_step(tmp_path: Path) -> None:
     assert "loss" not in second and second["learning_rate"] == 1e-3  # NaN is no point on a curve
 
 
+def test_a_preference_step_and_evaluation_carry_the_rewards_and_accuracy_to_tensorboard(tmp_path: Path) -> None:
+    recorder = gang(tmp_path, peak=0)
+    rewards = {"rewards_chosen": 0.25, "rewards_rejected": -0.125, "reward_margin": 0.375, "preference_accuracy": 0.75}
+    recorder.record({**train_entry(1, 0.6), **rewards})
+    recorder.record(
+        {"step": 1, "eval": {"eval_loss": 0.65, "eval_preference_accuracy": 0.625, "eval_reward_margin": 0.5}}
+    )
+    recorder.commit()
+    step, evaluation = (json.loads(x)["metrics"] for x in journal_path(tmp_path).read_text().splitlines())
+    assert step == {"loss": 0.6, "learning_rate": 1e-3, "tokens_per_second": 100.0, "epoch": 0.1, **rewards}
+    assert evaluation == {"eval_loss": 0.65, "eval_preference_accuracy": 0.625}
+    log_dir = tmp_path / "tensorboard"
+    sink = TensorBoardSink(log_dir)
+    assert sink.connect() == -1
+    records, _ = JournalReader(journal_path(tmp_path)).next_batch(after=-1, max_metrics=100)
+    sink.publish(records)
+    sink.close()
+    for tag, expected in {**rewards, "eval_preference_accuracy": 0.625}.items():
+        assert scalars(log_dir, tag) == [(1, expected)], tag
+
+
 def test_held_records_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(recorder_module, "MAX_HELD", 10)
     recorder = gang(tmp_path)

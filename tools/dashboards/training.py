@@ -168,6 +168,24 @@ PROGRESS = Row(
             min_value=0,
             description="High means the data pipeline, not the GPU, sets the pace.",
         ),
+        Panel(
+            "Preference (DPO / ORPO)",
+            tuple(
+                Target(f"avg {BY_JOB} ({metric}{{{JOB}}})", f"{legend} {{{{finetune_job}}}}")
+                for metric, legend in (
+                    ("finetune_train_reward_chosen", "reward chosen"),
+                    ("finetune_train_reward_rejected", "reward rejected"),
+                    ("finetune_train_reward_margin", "margin"),
+                    ("finetune_train_preference_accuracy", "accuracy"),
+                    ("finetune_eval_preference_accuracy", "eval accuracy"),
+                )
+            ),
+            width=24,
+            description="TRL's definitions: a reward is beta x (policy - reference) log-probability of the "
+            "completion for DPO, beta x the policy's mean log-probability per token for ORPO; the margin is "
+            "chosen minus rejected, the accuracy the share of pairs whose chosen reward is the larger (0 to 1). "
+            "Empty for SFT jobs (the trainer exports NaN).",
+        ),
     ),
 )
 

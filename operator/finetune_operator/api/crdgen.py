@@ -177,6 +177,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "ZeRO", "type": "integer", "jsonPath": ".status.plan.zeroStage", "description": "Planned ZeRO stage"},
     {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary", "description": "Step / total"},
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss", "description": "Latest training loss"},
+    {
+        "name": "Accuracy",
+        "type": "number",
+        "format": "float",
+        "jsonPath": ".status.progress.preferenceAccuracy",
+        "description": "Preference accuracy of the latest step (DPO, ORPO; blank for SFT)",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Workers", "type": "string", "jsonPath": ".status.workers.summary", "priority": 1},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},

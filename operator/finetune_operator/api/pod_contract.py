@@ -155,6 +155,8 @@ class TrainingSummary(ApiModel):
     wall_seconds: float | None = None
     eval_loss: float | None = None
     eval_loss_before: float | None = None
+    eval_preference_accuracy: float | None = None
+    """Preference objectives: the held-out pairs' accuracy at the final evaluation (`status.progress`)."""
     exact_match: float | None = None
     exact_match_before: float | None = None
     skipped_records: Annotated[int, Field(ge=0)] = 0

@@ -71,6 +71,25 @@ class Progress(ApiModel):
     total_steps: Annotated[int, Field(ge=0)] | None = None
     epoch: float | None = None
     loss: float | None = None
+    preference_accuracy: float | None = Field(
+        default=None,
+        description="Preference objectives (DPO, ORPO): share of the latest step's pairs whose chosen reward "
+        "beats the rejected one (TRL's rewards/accuracies).",
+    )
+    reward_margin: float | None = Field(
+        default=None, description="Preference objectives: mean chosen minus rejected reward of the latest step."
+    )
+    rewards_chosen: float | None = Field(
+        default=None,
+        description="Preference objectives: mean reward of the latest step's chosen completions (DPO: beta x "
+        "(policy - reference) log-probability; ORPO: beta x the policy's mean log-probability per token).",
+    )
+    rewards_rejected: float | None = Field(
+        default=None, description="Preference objectives: mean reward of the latest step's rejected completions."
+    )
+    eval_preference_accuracy: float | None = Field(
+        default=None, description="Preference objectives: the held-out pairs' accuracy at the latest evaluation."
+    )
     tokens_per_second: float | None = None
     eta_seconds: Annotated[int, Field(ge=0)] | None = None
     percent: Annotated[int, Field(ge=0, le=100)] | None = None

@@ -2,7 +2,8 @@
 
 The operator already knows the pod IP and metrics port; one small HTTP GET per
 interval turns the trainer's gauges into `status.progress` (step, total, epoch, loss,
-tokens/s, ETA). Anything unreachable or unparsable degrades quietly to "no update", and a
+tokens/s, ETA; for DPO and ORPO the rewards and the preference accuracy, which an SFT trainer
+exports as NaN). Anything unreachable or unparsable degrades quietly to "no update", and a
 non-finite value (NaN, +-Inf: rank 0's image is user-chosen) is unknown, never an exception
 that would stop the status from updating.
 """
@@ -24,6 +25,11 @@ WANTED = {
     "finetune_train_max_steps": "total",
     "finetune_train_epoch": "epoch",
     "finetune_train_loss": "loss",
+    "finetune_train_preference_accuracy": "preference_accuracy",
+    "finetune_train_reward_margin": "reward_margin",
+    "finetune_train_reward_chosen": "rewards_chosen",
+    "finetune_train_reward_rejected": "rewards_rejected",
+    "finetune_eval_preference_accuracy": "eval_preference_accuracy",
     "finetune_train_tokens": "tokens",
     "finetune_train_tokens_total": "tokens",
     "finetune_data_skipped_records": "skipped",
@@ -79,6 +85,10 @@ def _finite(values: dict[str, float]) -> dict[str, float]:
     return {key: value for key, value in values.items() if math.isfinite(value)}
 
 
+def _rounded(value: float | None) -> float | None:
+    return round(value, 4) if value is not None else None
+
+
 def _download(v: dict[str, float]) -> str | None:
     """`downloading model 3.2/16.0 GiB (20%)` while the pod fetches a hub model (before any rank runs)."""
     if "downloaded" not in v:
@@ -106,6 +116,7 @@ def to_progress(now: datetime, current: Sample, previous: Sample | None) -> Prog
     percent = min(100, int(100 * step / total)) if total else None
     summary = f"{step}/{total} ({percent}%)" if total else _download(v)
     loss = v.get("loss") if step > 0 else None  # before the first step the gauge is only initialised
+    trained = v if step > 0 else {}  # a preference step's values, like the loss, from step 1 on
     resumed = int(v["resumed_step"]) if v.get("resumed_step", 0) > 0 else None
     saves = v.get("saves", 0.0)
     save_seconds = round(v.get("save_seconds", 0.0) / saves, 3) if saves > 0 else None
@@ -114,6 +125,11 @@ def to_progress(now: datetime, current: Sample, previous: Sample | None) -> Prog
         total_steps=total,
         epoch=round(v["epoch"], 3) if "epoch" in v else None,
         loss=round(loss, 4) if loss is not None else None,
+        preference_accuracy=_rounded(trained.get("preference_accuracy")),
+        reward_margin=_rounded(trained.get("reward_margin")),
+        rewards_chosen=_rounded(trained.get("rewards_chosen")),
+        rewards_rejected=_rounded(trained.get("rewards_rejected")),
+        eval_preference_accuracy=_rounded(v.get("eval_preference_accuracy")),  # the evaluation before step 1 counts
         tokens_per_second=rate,
         eta_seconds=eta,
         percent=percent,

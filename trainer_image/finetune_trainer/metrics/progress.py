@@ -4,16 +4,49 @@ Each rank owns a private registry so that several ranks in one process (tests) o
 pod never collide, and memory or communication collectors can be registered next to
 these ones later (see `exporter.serve`). Gauges are used for values that resume
 (step, epoch); counters restart at 0 with the process, as Prometheus counters do.
+
+The preference series (DPO, ORPO) start at NaN, not 0: an SFT job has no rewards, and a 0
+would read as "every pair lost"; the operator's scrape and the dashboards treat NaN as unknown,
+and the series exist from the start all the same.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 WAIT_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5)
+
+_REWARD = (
+    "TRL's definition: beta x (policy - reference) log-probability of the completion for DPO, "
+    "beta x the policy's mean log-probability per completion token for ORPO"
+)
+PREFERENCE_GAUGES = {
+    "rewards_chosen": (
+        "finetune_train_reward_chosen",
+        f"Mean reward of the chosen completions over the last step's pairs ({_REWARD}); NaN: no preference objective.",
+    ),
+    "rewards_rejected": (
+        "finetune_train_reward_rejected",
+        f"Mean reward of the rejected completions over the last step's pairs ({_REWARD}); NaN: no preference "
+        "objective.",
+    ),
+    "reward_margin": (
+        "finetune_train_reward_margin",
+        "Mean of chosen minus rejected reward over the last step's pairs (TRL's rewards/margins); NaN: no "
+        "preference objective.",
+    ),
+    "preference_accuracy": (
+        "finetune_train_preference_accuracy",
+        "Share of the last step's pairs whose chosen reward beats the rejected one (TRL's rewards/accuracies, "
+        "0 to 1); NaN: no preference objective.",
+    ),
+}
+"""Train-log key of a preference step → (gauge name, help)."""
 
 
 class ProgressMetrics:
@@ -75,6 +108,17 @@ class ProgressMetrics:
             registry=registry,
         )
         self.eval_loss = Gauge("finetune_eval_loss", "Validation loss of the last evaluation.", registry=registry)
+        self.preference = {
+            key: Gauge(name, help_text, registry=registry) for key, (name, help_text) in PREFERENCE_GAUGES.items()
+        }
+        self.eval_preference_accuracy = Gauge(
+            "finetune_eval_preference_accuracy",
+            "Share of the held-out pairs whose chosen reward beats the rejected one at the last evaluation "
+            "(TRL's eval rewards/accuracies, 0 to 1); NaN: no preference objective.",
+            registry=registry,
+        )
+        for gauge in (*self.preference.values(), self.eval_preference_accuracy):
+            gauge.set(float("nan"))
         self.resumed_step = Gauge(
             "finetune_checkpoint_resumed_step",
             "Step of the checkpoint this run resumed from (0: a fresh start).",
@@ -114,6 +158,19 @@ class ProgressMetrics:
         self.step_duration.observe(seconds)
         self.dataloader_wait.observe(wait_seconds)
         self.last_step.set(time.time())
+
+    def preference_step(self, entry: Mapping[str, Any]) -> None:
+        """A step's train-log entry: the rewards and accuracy of a preference objective, when it has them."""
+        for key, gauge in self.preference.items():
+            if key in entry:
+                gauge.set(entry[key])
+
+    def evaluated(self, result: Mapping[str, Any]) -> None:
+        """An evaluation's result: its loss, and the pairs' accuracy of a preference objective."""
+        if result.get("eval_loss") is not None:
+            self.eval_loss.set(result["eval_loss"])
+        if result.get("eval_preference_accuracy") is not None:
+            self.eval_preference_accuracy.set(result["eval_preference_accuracy"])
 
     def resumed(self, step: int, converted: bool) -> None:
         """This run continues from the step-`step` checkpoint (the operator turns it into an Event)."""

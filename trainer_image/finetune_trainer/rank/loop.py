@@ -161,8 +161,8 @@ class Trainer:
                 pad_id=int(self.tokenizer.pad_token_id),
                 all_reduce_sum=self.dist.sum,
             )
-            if self.metrics is not None and "eval_loss" in pairs:
-                self.metrics.progress.eval_loss.set(pairs["eval_loss"])
+            if self.metrics is not None:
+                self.metrics.progress.evaluated(pairs)
             return {"eval_loss": pairs.get("eval_loss"), **pairs}
         loss = evaluation.eval_loss(
             self.engine.module,
@@ -408,6 +408,8 @@ class Trainer:
             entry["preference_accuracy"] = wins / pairs
         if self.metrics is not None and self.metrics.alternate:
             entry["metrics"] = "off" if self.metrics.paused else "on"
+        if self.metrics is not None and not self.metrics.paused:
+            self.metrics.progress.preference_step(entry)  # sets only the keys a preference step has
         self._record(entry)
         return state
 
@@ -537,6 +539,7 @@ class Trainer:
             wall_seconds=round(time.time() - self.started, 3),
             eval_loss=after.get("eval_loss"),
             eval_loss_before=before.get("eval_loss"),
+            eval_preference_accuracy=after.get("eval_preference_accuracy"),
             exact_match=after.get("exact_match"),
             exact_match_before=before.get("exact_match") if "exact_match" in after else None,
             skipped_records=self.data.skipped_records,

@@ -33,9 +33,18 @@ TRAIN_METRICS = {
     "grad_norm": "grad_norm",
     "tokens_per_second": "tokens_per_second",
     "epoch": "epoch",
+    # preference objectives (DPO, ORPO) only: an SFT step has none of these keys, hence no such metric
+    "rewards_chosen": "rewards_chosen",
+    "rewards_rejected": "rewards_rejected",
+    "reward_margin": "reward_margin",
+    "preference_accuracy": "preference_accuracy",
 }
 """Train-log key → metric name."""
-EVAL_METRICS = {"eval_loss": "eval_loss", "exact_match": "exact_match"}
+EVAL_METRICS = {
+    "eval_loss": "eval_loss",
+    "exact_match": "exact_match",
+    "eval_preference_accuracy": "eval_preference_accuracy",
+}
 
 
 def tracking_configured(cfg: JobConfig) -> bool:

@@ -18,11 +18,20 @@ from .tracking import at_success
 def _final_progress(progress: Progress | None, result: Result, now: str, summary: TrainingSummary | None) -> Progress:
     steps = result.steps if result.steps is not None else (progress.step if progress else 0)
     resumed = summary if summary is not None and summary.resumed_from_step is not None else progress
+    final_eval = summary.eval_preference_accuracy if summary is not None else None
     return Progress(
         step=steps,
         total_steps=steps,
         epoch=progress.epoch if progress else None,
         loss=round(result.final_loss, 4) if result.final_loss is not None else (progress.loss if progress else None),
+        # a preference job's last scraped rewards; its final evaluation from the summary when it has one
+        preference_accuracy=progress.preference_accuracy if progress else None,
+        reward_margin=progress.reward_margin if progress else None,
+        rewards_chosen=progress.rewards_chosen if progress else None,
+        rewards_rejected=progress.rewards_rejected if progress else None,
+        eval_preference_accuracy=round(final_eval, 4)
+        if final_eval is not None
+        else (progress.eval_preference_accuracy if progress else None),
         percent=100,
         eta_seconds=0,
         summary=f"{steps}/{steps} (100%)",
