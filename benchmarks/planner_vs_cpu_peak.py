@@ -11,6 +11,11 @@ full rows) is an upper bound there. Run on demand; nothing here is asserted by t
     DS_ACCELERATOR=cpu .venv/bin/python benchmarks/planner_vs_cpu_peak.py \
         --model builtin://smollm2-135m-instruct --micro 2 --steps 4
     DS_ACCELERATOR=cpu .venv/bin/python benchmarks/planner_vs_cpu_peak.py --smoke   # LoRA, packed, 2 steps
+    DS_ACCELERATOR=cpu .venv/bin/python benchmarks/planner_vs_cpu_peak.py --methods lora dpo orpo full dpo-full
+
+The preference methods (dpo, orpo: LoRA; dpo-full, orpo-full: every weight, DPO with a frozen copy
+as its reference) train on `--preference-dataset` (pairs: two sequences per example, a micro-batch
+of N pairs is 2N rows), unpacked: preference rows are never packed.
 
 A run that fails, or whose ranks were never sampled, ends the benchmark with exit status 1.
 """
@@ -35,9 +40,25 @@ for sub in ("operator", "trainer_image"):
 GIB = 2**30
 
 
-def manifest(args: argparse.Namespace, method: str, packing: bool, out: Path) -> dict[str, Any]:
-    from finetune_operator.api.methods import MethodType
+PREFERENCE = {
+    "dpo": ("dpo", "lora"),
+    "orpo": ("orpo", "lora"),
+    "dpo-full": ("dpo", "full"),
+    "orpo-full": ("orpo", "full"),
+}
+"""Benchmark method name -> (method.type, method.preference.base)."""
 
+
+def _method_block(method: str) -> dict[str, Any]:
+    lora = {"lora": {"r": 16, "alpha": 32, "dropout": 0.0}}
+    if method in PREFERENCE:
+        kind, base = PREFERENCE[method]
+        return {"type": kind, "preference": {"base": base}, **({} if base == "full" else lora)}
+    return {"type": method, **({} if method == "full" else lora)}
+
+
+def manifest(args: argparse.Namespace, method: str, packing: bool, out: Path) -> dict[str, Any]:
+    preference = method in PREFERENCE
     return {
         "apiVersion": "finetune.dev/v1alpha1",
         "kind": "FineTuneJob",
@@ -45,16 +66,13 @@ def manifest(args: argparse.Namespace, method: str, packing: bool, out: Path) ->
         "spec": {
             "model": {"uri": args.model},
             "dataset": {
-                "uri": args.dataset,
-                "format": args.format,
+                "uri": args.preference_dataset if preference else args.dataset,
+                "format": "preference" if preference else args.format,
                 "maxSeqLength": args.seq,
                 "packing": packing,
                 "validationSplit": 0.02,
             },
-            "method": {
-                "type": method,
-                **({} if method == MethodType.FULL else {"lora": {"r": 16, "alpha": 32, "dropout": 0.0}}),
-            },
+            "method": _method_block(method),
             "training": {
                 "maxSteps": args.steps,
                 "microBatchSize": args.micro,
@@ -163,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="builtin://tiny-llama", help="builtin://tiny-llama or a local model folder")
     parser.add_argument("--dataset", default="builtin://reverse-words")
     parser.add_argument("--format", default="messages")
+    parser.add_argument("--preference-dataset", default="builtin://secret-code-preference")
     parser.add_argument("--seq", type=int, default=512, help="maxSeqLength")
     parser.add_argument("--micro", type=int, default=8, help="micro-batch per rank")
     parser.add_argument("--steps", type=int, default=6)
@@ -179,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         f"model {args.model}, 2 CPU ranks, ZeRO-2, precision {args.precision}, micro-batch {args.micro}, "
         f"maxSeqLength {args.seq}"
     )
-    print(f"{'method':6} {'packing':8} {'plan GiB':>9} {'act+logits':>11} {'measured GiB (per rank)':>24} {'ratio':>6}")
+    print(f"{'method':8} {'packing':8} {'plan GiB':>9} {'act+logits':>11} {'measured GiB (per rank)':>24} {'ratio':>6}")
     for method in args.methods:
-        for packing in packings:
+        for packing in (False,) if method in PREFERENCE else packings:
             plan, peaks, seconds = measure(args, method, packing)
             b = plan.breakdown
             act = (b.activations + b.logits) / GIB
@@ -189,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             ranks = ", ".join(f"{p / GIB:.2f}" for p in peaks)
             ratio = measured / (plan.per_gpu_bytes / GIB)
             print(
-                f"{method:6} {'on' if packing else 'off':8} {plan.per_gpu_bytes / GIB:9.2f} {act:11.2f} "
+                f"{method:8} {'on' if packing else 'off':8} {plan.per_gpu_bytes / GIB:9.2f} {act:11.2f} "
                 f"{ranks:>24} {ratio:6.2f}   ({seconds:.0f} s)",
                 flush=True,
             )
