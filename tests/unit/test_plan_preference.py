@@ -82,3 +82,25 @@ def test_a_dpo_plan_needs_more_per_gpu_than_the_same_sft_plan() -> None:
     assert chosen_dpo.per_gpu_bytes > chosen_sft.per_gpu_bytes or (
         chosen_dpo.strategy.micro_batch_size < chosen_sft.strategy.micro_batch_size
     )
+
+
+@pytest.mark.parametrize("objective", ["dpo", "orpo"])
+def test_advice_for_a_preference_job_names_the_field_that_sets_its_adaptation(objective: str) -> None:
+    """A full-model preference job that does not fit is told to change `method.preference.base`
+    (its `method.type` is the objective); an SFT job keeps `method.type`."""
+    from finetune_operator.plan.search.planner import plan_job
+
+    def one_gpu(method: str, objective: str | None) -> Any:
+        doc = job(method, objective).to_wire()
+        doc["spec"]["resources"] = {**doc["spec"]["resources"], "numNodes": 1, "gpusPerNode": 1}
+        doc["spec"]["deepspeed"] = {"offloadOptimizer": "none"}
+        doc["spec"]["resources"].pop("gpuMemory", None)
+        return FineTuneJob.from_wire(doc).spec
+
+    sft = plan_job(one_gpu("full", None), gpu_memory_bytes=24 * 2**30, require_fit=False)
+    preference = plan_job(one_gpu("full", objective), gpu_memory_bytes=24 * 2**30, require_fit=False)
+    assert any(line.startswith("method.type: lora would fit") for line in sft.suggestions), sft.suggestions
+    assert any(line.startswith("method.preference.base: lora would fit") for line in preference.suggestions), (
+        preference.suggestions
+    )
+    assert not any(line.startswith("method.type:") for line in preference.suggestions), preference.suggestions

@@ -6,6 +6,7 @@ change that would not actually fit.
 
 from __future__ import annotations
 
+from finetune_operator.api.methods import Objective
 from finetune_operator.plan.search.candidates import Candidate, Pins, evaluate_all, pick
 from finetune_operator.plan.search.memory import frozen_weight_bytes
 from finetune_operator.plan.workload import GIB, Workload
@@ -24,12 +25,14 @@ def what_would_fit(
 ) -> list[str]:
     budget = gpu_memory * margin
     out: list[str] = []
+    # where the adaptation is set: method.type for SFT, method.preference.base for dpo and orpo
+    field = "method.type" if workload.objective == Objective.SFT else "method.preference.base"
     weights = frozen_weight_bytes(workload) + workload.counts.trainable * workload.param_bytes
     if weights > budget and workload.traits.base_quantized:
         out.append(
             f"the 4-bit weights are {weights / GIB:.1f} GiB, more than the {budget / GIB:.1f} GiB usable on one GPU, "
             "and a QLoRA model loads whole on every GPU before ZeRO-3 partitions it (bitsandbytes quantises whole "
-            "tensors): it needs bigger GPUs, or LoRA (method.type: lora), which loads partitioned"
+            f"tensors): it needs bigger GPUs, or LoRA ({field}: lora), which loads partitioned"
         )
     elif weights > budget:
         out.append(
@@ -51,7 +54,7 @@ def what_would_fit(
     for method in workload.traits.lighter:
         found = _fits(workload.with_method(method), pins, budget)
         if found:
-            out.append(f"method.type: {method} would fit with {found}")
+            out.append(f"{field}: {method} would fit with {found}")
             break
     seq = workload.seq_len // 2
     while seq >= MIN_SEQUENCE:
