@@ -99,6 +99,42 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
     ({"model": {"uri": "/m/x", "tokenizer": "pvc://t/a/../b"}}, "spec.model.tokenizer", "'..' path segment"),
     ({"deepspeed": {"offloadOptimizer": "nvme", "nvmePath": "/"}}, "spec.deepspeed.nvmePath", "dedicated directory"),
     ({"deepspeed": {"offloadParams": "nvme", "nvmePath": "/dev/shm"}}, "spec.deepspeed.nvmePath", "dedicated dir"),
+    # preference tuning: method.type dpo/orpo, the adaptation in method.preference.base
+    ({"method": {"type": "dpo"}}, "spec.dataset.format", "read preference pairs"),
+    ({"dataset": {"format": "preference"}}, "spec.method.type", "set method.type to dpo or orpo"),
+    ({"method": {"type": "lora", "preference": {}}}, "spec.method.preference", "only allowed when type is dpo"),
+    (
+        {"method": {"type": "orpo", "preference": {"lossType": "ipo"}}, "dataset": {"format": "preference"}},
+        "spec.method.preference.lossType",
+        "only allowed when type is dpo",
+    ),
+    (
+        {"method": {"type": "dpo", "preference": {"precomputeReference": True}}, "dataset": {"format": "preference"}},
+        "spec.method.preference.precomputeReference",
+        "preference.base is full",
+    ),
+    (
+        {
+            "method": {"type": "dpo", "preference": {"base": "qlora"}},
+            "dataset": {"format": "preference"},
+            "training": {"precision": "fp32"},
+        },
+        "spec.training.precision",
+        "16-bit",
+    ),
+    (
+        {
+            "method": {"type": "orpo", "preference": {"base": "full"}, "lora": {"r": 4}},
+            "dataset": {"format": "preference"},
+        },
+        "spec.method.lora",
+        "not allowed",
+    ),
+    (
+        {"method": {"type": "dpo", "qlora": {}}, "dataset": {"format": "preference"}},
+        "spec.method.qlora",
+        "only allowed",
+    ),
 ]
 
 
@@ -151,12 +187,21 @@ def test_mutable_fields_can_change(crd: dict[str, Any], kube: Kube, namespace: s
     )
 
 
+@pytest.mark.parametrize(
+    "full",
+    [
+        {"method": {"type": "full"}},
+        {"method": {"type": "dpo", "preference": {"base": "full"}}, "dataset": {"format": "preference"}},
+    ],
+    ids=["sft", "dpo"],
+)
 def test_full_fine_tuning_changes_its_world_size_where_the_checkpoint_converts(
-    crd: dict[str, Any], kube: Kube, namespace: str
+    crd: dict[str, Any], kube: Kube, namespace: str, full: dict[str, Any]
 ) -> None:
     """Full fine-tuning's DeepSpeed shards are converted to a universal checkpoint for the new
-    world size; a pinned ZeRO-0 (or NVMe offload) cannot be, and the apiserver says so."""
-    create(kube, namespace, job_document(method={"type": "full"}))
+    world size; a pinned ZeRO-0 (or NVMe offload) cannot be, and the apiserver says so. A DPO job
+    whose preference.base is full is full fine-tuning too."""
+    create(kube, namespace, job_document(**full))
     path = JOBS.format(ns=namespace) + "/job"
     patched = kube.merge_patch(path, {"spec": {"resources": {"numNodes": 2}}})
     assert patched["spec"]["resources"]["numNodes"] == 2
