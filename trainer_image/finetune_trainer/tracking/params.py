@@ -70,6 +70,17 @@ def run_params(cfg: JobConfig) -> dict[str, str]:
     if spec.method.traits.base_quantized:
         qlora = spec.method.qlora_or_default
         params.update({"qlora.quant_type": qlora.quant_type, "qlora.double_quant": qlora.double_quant})
+    if spec.method.objective_traits.preference:  # dpo, orpo: the adaptation and the loss's settings
+        preference = spec.method.preference_or_default
+        params.update(
+            {
+                "preference.base": spec.method.adaptation,
+                "preference.beta": preference.beta,
+                "preference.reference": spec.method.reference,
+            }
+        )
+        if preference.loss_type is not None:
+            params["preference.loss_type"] = preference.loss_type
     return {key: str(value)[:6000] for key, value in params.items()}
 
 
