@@ -128,7 +128,7 @@ def run_trl(work: Path, model: str, data: Path, job: dict[str, Any]) -> dict[str
     proc = subprocess.run(cmd, check=False, env=_env(), capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"TRL baseline failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
-    results = [json.loads(x.split("TRL_RESULT ", 1)[1]) for x in proc.stdout.splitlines() if "TRL_RESULT " in x]
+    results = _results(proc.stdout)
     tokens, seconds = sum(r["tokens"] for r in results), max(r["train_runtime"] for r in results)
     return {
         "tokens": tokens,
@@ -137,6 +137,17 @@ def run_trl(work: Path, model: str, data: Path, job: dict[str, Any]) -> dict[str
         "mean_loss": results[0]["loss"],  # TRL's train_loss: the mean over the run's steps
         "peak_gib": max(r["peak_rss_bytes"] for r in results) / GIB,
     }
+
+
+def _results(stdout: str) -> list[dict[str, Any]]:
+    """Each rank's TRL_RESULT object; two ranks' lines can interleave on one line of the launcher's output."""
+    decoder, marker, found = json.JSONDecoder(), "TRL_RESULT ", []
+    at = stdout.find(marker)
+    while at >= 0:
+        value, end = decoder.raw_decode(stdout, at + len(marker))
+        found.append(value)
+        at = stdout.find(marker, end)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
