@@ -156,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro", type=int, default=8, help="pairs per micro-batch")
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--smollm2", action="store_true", help="SmolLM2-135M-Instruct instead of the tiny Llama")
-    parser.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "finetune-operator" / "models")
+    parser.add_argument(
+        "--model-cache", type=Path, default=Path.home() / ".cache" / "finetune-operator" / "builtin-models"
+    )
     args = parser.parse_args(argv)
     if importlib.util.find_spec("trl") is None:
         parser.error("trl is not installed (dev group of the lock): run scripts/bootstrap.sh")
@@ -180,9 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\n{name}, secret-code pairs, DPO + LoRA r=16, beta {args.beta}, {args.steps} steps x {2 * args.micro} pairs"
     )
-    print(f"{'':8} {'useful tok/s':>12} {'peak GiB/rank':>13} {'mean loss':>10}")
+    print(f"{'':8} {'useful tokens':>13} {'seconds':>8} {'useful tok/s':>12} {'peak GiB/rank':>13} {'mean loss':>10}")
     for label, row in (("ftjob", ours), ("TRL", theirs)):
-        print(f"{label:8} {row['tokens_per_s']:12.0f} {row['peak_gib']:13.2f} {row['mean_loss']:10.4f}")
+        print(
+            f"{label:8} {row['tokens']:13.0f} {row['seconds']:8.1f} {row['tokens_per_s']:12.0f} "
+            f"{row['peak_gib']:13.2f} {row['mean_loss']:10.4f}"
+        )
     print(
         f"ratio ftjob/TRL: tokens/s {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}, "
         f"peak memory {ours['peak_gib'] / theirs['peak_gib']:.2f}; ftjob's last step preference accuracy "
