@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_localcluster.ports import free_port
+from finetune_operator.api.methods import MethodType, TrainingMethod
 
 REPO = Path(__file__).resolve().parents[1]
 for sub in ("operator", "trainer_image"):
@@ -41,10 +42,10 @@ GIB = 2**30
 
 
 PREFERENCE = {
-    "dpo": ("dpo", "lora"),
-    "orpo": ("orpo", "lora"),
-    "dpo-full": ("dpo", "full"),
-    "orpo-full": ("orpo", "full"),
+    "dpo": (TrainingMethod.DPO, MethodType.LORA),
+    "orpo": (TrainingMethod.ORPO, MethodType.LORA),
+    "dpo-full": (TrainingMethod.DPO, MethodType.FULL),
+    "orpo-full": (TrainingMethod.ORPO, MethodType.FULL),
 }
 """Benchmark method name -> (method.type, method.preference.base)."""
 
@@ -53,8 +54,8 @@ def _method_block(method: str) -> dict[str, Any]:
     lora = {"lora": {"r": 16, "alpha": 32, "dropout": 0.0}}
     if method in PREFERENCE:
         kind, base = PREFERENCE[method]
-        return {"type": kind, "preference": {"base": base}, **({} if base == "full" else lora)}
-    return {"type": method, **({} if method == "full" else lora)}
+        return {"type": kind, "preference": {"base": base}, **({} if base == MethodType.FULL else lora)}
+    return {"type": method, **({} if method == MethodType.FULL else lora)}
 
 
 def manifest(args: argparse.Namespace, method: str, packing: bool, out: Path) -> dict[str, Any]:
