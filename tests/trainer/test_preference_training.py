@@ -45,6 +45,10 @@ def test_two_ranks_train_a_preference_objective(
     evals = [e["eval"] for e in run.train_log() if "eval" in e]
     assert evals and {"eval_loss", "eval_preference_accuracy", "eval_reward_margin"} <= evals[-1].keys(), evals
     assert 0.0 <= evals[-1]["eval_preference_accuracy"] <= 1.0
+    # a built-in set: greedy answers to held-out prompts, compared with the chosen ones
+    for evaluation in evals:
+        assert 0.0 <= evaluation["exact_match"] <= 1.0 and evaluation["examples"], evaluation
+        assert all(" " in e["expected"] and isinstance(e["got"], str) for e in evaluation["examples"]), evaluation
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
 
 
