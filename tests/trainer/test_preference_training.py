@@ -76,6 +76,10 @@ def test_two_ranks_train_a_preference_objective(
         for progress in scraped:  # some step's value (a scrape may land between two steps' gauges)
             assert getattr(progress, key) in logged, (key, progress)
     assert all(p.eval_preference_accuracy is not None for p in scraped)  # the evaluation before step 1
+    # a built-in set: greedy answers to held-out prompts, compared with the chosen ones
+    for evaluation in evals:
+        assert 0.0 <= evaluation["exact_match"] <= 1.0 and evaluation["examples"], evaluation
+        assert all(" " in e["expected"] and isinstance(e["got"], str) for e in evaluation["examples"]), evaluation
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
 
 

@@ -174,3 +174,30 @@ def test_the_trainer_refuses_a_reference_it_does_not_train_yet(tmp_path: Any) ->
     with pytest.raises(ConfigError, match=r"method\.preference\.precomputeReference: precomputed reference"):
         load_data(spec, None, None, None, local_rank=0, cache_root=tmp_path)  # type: ignore[arg-type]
     assert not any(Path(tmp_path).iterdir())
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"prompt": "red blue green", "chosen": " green blue red", "rejected": " blue red green"},
+        {
+            "prompt": [{"role": "system", "content": "Answer in code."}, {"role": "user", "content": "red blue"}],
+            "chosen": [{"role": "assistant", "content": "blue red"}],
+            "rejected": [{"role": "assistant", "content": "red blue"}],
+        },
+    ],
+    ids=["standard", "conversational"],
+)
+def test_a_held_out_pair_is_generated_from_where_its_chosen_answer_starts(row: dict[str, Any], tokenizer: Any) -> None:
+    """The demo's exact match on preference data: greedy decoding starts from the exact prompt tokens
+    the pair's rows begin with, and its text is compared with the chosen answer."""
+    from finetune_operator.api.spec import DatasetFormat
+    from finetune_trainer.rank.rank_setup import exact_match_prompt
+
+    prompt_ids, expected = exact_match_prompt(row, DatasetFormat.PREFERENCE, tokenizer)
+    pair = tokenize_preference(row, tokenizer, 64)
+    assert pair is not None
+    first_answer = next(i for i, label in enumerate(pair.chosen.labels) if label != IGNORE_INDEX)
+    assert tuple(prompt_ids) == pair.chosen.input_ids[:first_answer]
+    answer = [i for i, label in zip(pair.chosen.input_ids, pair.chosen.labels, strict=True) if label != IGNORE_INDEX]
+    assert expected.strip() == tokenizer.decode(answer, skip_special_tokens=True).strip()  # as exact_match decodes

@@ -5,7 +5,8 @@ one kwok GPU node and one process node that really runs pods), installs the Helm
 runs the operator with the chart's ServiceAccount credentials, applies
 examples/smollm2-cpu.yaml (a real pretrained model, SmolLM2-135M-Instruct, learning a
 made-up word-for-word code; `--example examples/tiny-cpu.yaml` for a random tiny Llama
-learning to reverse word lists, faster), shows
+learning to reverse word lists, faster; `--example examples/smollm2-dpo-cpu.yaml` for DPO on the
+same code's preference pairs, printing the held-out preference accuracy before and after), shows
 `kubectl get ftj -w`-style progress while two real DeepSpeed ranks train on the process
 node, prints the result, the model's answers to held-out prompts before and after with
 their exact-match accuracy, and the plan, and stops everything it started. With `--mlflow` it also
@@ -79,11 +80,19 @@ def print_answers(train_log: Path) -> None:
         evals = [e["eval"] for e in map(json.loads, train_log.read_text().splitlines()) if "eval" in e]
     except FileNotFoundError:
         return
-    if len(evals) < 2 or "examples" not in evals[0]:
+    if len(evals) < 2:
         return
     first, last = evals[0], evals[-1]
+    pairs = "eval_preference_accuracy" in first
+    if pairs:
+        tie = " (its rewards all tie at 0: the policy is its reference)" if first["eval_reward_margin"] == 0 else ""
+        print(f"\nheld-out pairs: the policy prefers chosen over rejected in {first['eval_preference_accuracy']:.0%} "
+              f"before{tie}, {last['eval_preference_accuracy']:.0%} after; reward margin "
+              f"{first['eval_reward_margin']:.2f} before, {last['eval_reward_margin']:.2f} after")  # fmt: skip
+    if "examples" not in first:
+        return
     print(f"\nheld-out prompts: exact match {first['exact_match']:.0%} before, {last['exact_match']:.0%} after")
-    print(f"  {'expected':28} {'before training':34} after training")
+    print(f"  {'expected (chosen)' if pairs else 'expected':28} {'before training':34} after training")
     for before, after in zip(first["examples"], last["examples"], strict=False):
         print(f"  {before['expected']:28} {before['got'][:32]:34} {after['got'][:32]}")
 
@@ -156,7 +165,9 @@ def main() -> int:
         try:
             doc = yaml.safe_load(args.example.read_text())
             name = doc["metadata"]["name"]
-            say(f"5. kubectl apply -f {args.example.name}  (2 pods × 1 CPU rank, LoRA, {doc['spec']['model']['uri']})")
+            kind = str(doc["spec"]["method"]["type"])
+            method, model = {"lora": "LoRA", "qlora": "QLoRA"}.get(kind, kind.upper()), doc["spec"]["model"]["uri"]
+            say(f"5. kubectl apply -f {args.example.name}  (2 pods × 1 CPU rank, {method}, {model})")
             bind_claim(kube, JOB_NS, CLAIM)
             if doc["spec"]["model"]["uri"] == f"builtin://{prepare.SMOLLM2}" and prepare.seed_output_cache(
                 cluster.workdir / "pvc" / JOB_NS / CLAIM / name

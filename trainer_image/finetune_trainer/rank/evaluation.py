@@ -1,4 +1,5 @@
-"""Validation loss and, for the demo task, exact-match accuracy of greedy answers.
+"""Validation loss and, for the demo tasks, exact-match accuracy of greedy answers (against the
+answer, or a preference pair's chosen one).
 
 Under ZeRO-3 every forward pass gathers parameters collectively, so every rank must run
 the same number of forwards: each rank takes a strided shard of the validation set,
@@ -118,6 +119,35 @@ def exact_match(
     model.train(was_training)
     correct, seen = all_reduce_sum([correct, seen])
     return (correct / seen if seen else 0.0), examples
+
+
+def generations(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[list[int]],
+    answers: Sequence[str],
+    *,
+    rank: int,
+    world: int,
+    all_reduce_sum: Callable[[list[float]], list[float]],
+) -> dict[str, Any]:
+    """`exact_match` and its first `examples` (expected, got) for a preference set's held-out
+    prompts, the answer expected being the chosen one: does the policy now say what it prefers?"""
+    if not prompts:
+        return {}
+    longest = max(len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers)
+    accuracy, examples = exact_match(
+        model,
+        tokenizer,
+        prompts,
+        answers,
+        rank=rank,
+        world=world,
+        batch=32,
+        max_new_tokens=longest + 1,
+        all_reduce_sum=all_reduce_sum,
+    )
+    return {"exact_match": accuracy, "examples": [{"expected": e, "got": g} for e, g in examples]}
 
 
 def eval_preference(

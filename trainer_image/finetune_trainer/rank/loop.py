@@ -163,7 +163,16 @@ class Trainer:
             )
             if self.metrics is not None:
                 self.metrics.progress.evaluated(pairs)
-            return {"eval_loss": pairs.get("eval_loss"), **pairs}
+            said = evaluation.generations(
+                self.engine.module,
+                self.tokenizer,
+                self.held_out.prompts,
+                self.held_out.answers,
+                rank=self.dist.rank,
+                world=self.dist.world,
+                all_reduce_sum=self.dist.sum,
+            )
+            return {"eval_loss": pairs.get("eval_loss"), **pairs, **said}
         loss = evaluation.eval_loss(
             self.engine.module,
             self.held_out.rows,

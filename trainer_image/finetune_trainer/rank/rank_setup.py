@@ -21,7 +21,7 @@ from finetune_operator.api.spec import DatasetFormat, FineTuneJobSpec
 from finetune_operator.api.status import PlanStatus
 from finetune_trainer.data import prepared
 from finetune_trainer.data.batching import EpochSampler, Row, example_rows
-from finetune_trainer.data.formats import prompt_and_answer
+from finetune_trainer.data.formats import preference_parts, prompt_and_answer
 from finetune_trainer.data.loading import DataError
 from finetune_trainer.model import modeling
 from finetune_trainer.rank.schedule import lr_lambda
@@ -92,7 +92,7 @@ def load_data(
             log.warning("%s", warning)
     prompts: list[list[int]] = []
     answers: list[str] = []
-    for record in data.demo_records if data.rows_per_example == 1 else []:  # exact match is for SFT answers
+    for record in data.demo_records:  # a built-in task's held-out prompts (a preference pair's: is chosen said?)
         prompt, answer = exact_match_prompt(record, spec.dataset.format, tokenizer)
         prompts.append(prompt)
         answers.append(answer)
@@ -123,7 +123,15 @@ def load_data(
 
 
 def exact_match_prompt(record: dict[str, Any], fmt: DatasetFormat, tokenizer: Any) -> tuple[list[int], str]:
-    """A held-out record as (the prompt's token ids, the answer expected after it)."""
+    """A held-out record as (the prompt's token ids, the answer expected after it: for a preference
+    pair, the chosen one)."""
+    if fmt == DatasetFormat.PREFERENCE:
+        prompt, chosen, _ = preference_parts(record)
+        if isinstance(prompt, str):  # as the pair's rows begin: the BOS token's text, then the prompt
+            return list(tokenizer((tokenizer.bos_token or "") + prompt, add_special_tokens=False)["input_ids"]), chosen
+        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        said = [turn["content"] for turn in chosen if turn["role"] == "assistant"]
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"]), str(said[-1])
     if fmt == DatasetFormat.MESSAGES:
         turns = record["messages"]
         text = tokenizer.apply_chat_template(turns[:-1], tokenize=False, add_generation_prompt=True)
