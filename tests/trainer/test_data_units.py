@@ -442,6 +442,33 @@ def test_evaluation_runs_at_the_planned_micro_batch(monkeypatch: pytest.MonkeyPa
         engine=SimpleNamespace(module=None), held_out=HeldOut(rows=[], prompts=[], answers=[]),
         plan=SimpleNamespace(micro_batch_size=3), dist=SimpleNamespace(rank=0, world=1, sum=None),
         tokenizer=SimpleNamespace(pad_token_id=0), loss=None, metrics=None,
+        data=SimpleNamespace(rows_per_example=1),
     )  # fmt: skip
     assert Trainer.evaluate(cast(Any, trainer)) == {"eval_loss": 1.0}
     assert seen["batch"] == 3
+
+
+def test_preference_evaluation_runs_at_the_planned_micro_batch_of_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held-out pairs are evaluated N pairs at a time, N the planned micro-batch (the plan counts
+    the 2N rows of N pairs), never the SFT path's rows."""
+    from types import SimpleNamespace
+
+    seen: dict[str, Any] = {}
+
+    def eval_preference(*args: Any, **kwargs: Any) -> dict[str, float]:
+        seen.update(kwargs)
+        return {"eval_loss": 0.5, "eval_preference_accuracy": 1.0, "eval_reward_margin": 0.2}
+
+    def eval_loss(*args: Any, **kwargs: Any) -> float:
+        raise AssertionError("pairs are not evaluated as SFT rows")
+
+    monkeypatch.setattr(evaluation, "eval_preference", eval_preference)
+    monkeypatch.setattr(evaluation, "eval_loss", eval_loss)
+    trainer = SimpleNamespace(
+        engine=SimpleNamespace(module=None), held_out=HeldOut(rows=[], prompts=[], answers=[]),
+        plan=SimpleNamespace(micro_batch_size=3), dist=SimpleNamespace(rank=0, world=1, sum=None),
+        tokenizer=SimpleNamespace(pad_token_id=0), objective=None, metrics=None,
+        data=SimpleNamespace(rows_per_example=2),
+    )  # fmt: skip
+    result = Trainer.evaluate(cast(Any, trainer))
+    assert (result["eval_loss"], result["eval_preference_accuracy"], seen["batch"]) == (0.5, 1.0, 3)
