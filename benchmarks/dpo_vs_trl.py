@@ -2,7 +2,7 @@
 
 Run on demand (never asserted):
 
-    DS_ACCELERATOR=cpu .venv/bin/python benchmarks/dpo_vs_trl.py [--steps 30] [--smollm2]
+    DS_ACCELERATOR=cpu .venv/bin/python benchmarks/dpo_vs_trl.py [--steps 30] [--smollm2] [--smoke]
 
 Both sides train the same model (the built-in tiny Llama, or with `--smollm2` SmolLM2-135M-Instruct)
 on the same preference pairs (the built-in secret-code pairs in TRL's conversational form), with
@@ -156,10 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro", type=int, default=8, help="pairs per micro-batch")
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--smollm2", action="store_true", help="SmolLM2-135M-Instruct instead of the tiny Llama")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: 2 steps of 2 pairs per rank")
     parser.add_argument(
         "--model-cache", type=Path, default=Path.home() / ".cache" / "finetune-operator" / "builtin-models"
     )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.steps, args.micro = 2, 2
     if importlib.util.find_spec("trl") is None:
         parser.error("trl is not installed (dev group of the lock): run scripts/bootstrap.sh")
     from finetune_trainer.data.builtin_datasets import secret_code_preference_records

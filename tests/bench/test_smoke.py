@@ -21,6 +21,7 @@ from tests.support.scripts import run_script
 BENCHMARKS = REPO_ROOT / "benchmarks"
 NOT_SCRIPTS = {
     "trainer_trl_baseline.py": "one rank of trainer_vs_trl.py's TRL side, started by its launcher",
+    "dpo_trl_baseline.py": "one rank of dpo_vs_trl.py's TRL side, started by its launcher",
     "gpu_batches.py": "gpu_acceptance.py's real batches and FLOP counts (tests/unit/test_gpu_batches.py)",
 }
 RUN_BY_THE_TRAINER_TIER = {  # the same code at the same size: running it here too would double its CI time
@@ -88,6 +89,16 @@ SMOKES = [
         (r"^reverse-words, packing on +\d+ +" + (r"\d+ +\d+\.\d\d" if TRL else r"- +-"),),
         timeout=600,
         args=() if TRL else ("--skip-trl",),  # the bench dependency group is not installed by bootstrap
+        marks=TRAINER,
+    ),
+    Smoke(
+        "dpo_vs_trl.py",
+        (
+            r"^ftjob +[1-9]\d* +\d+\.\d +[1-9]\d* +\d+\.\d\d +\d+\.\d{4}$",
+            r"^TRL +[1-9]\d* +\d+\.\d +[1-9]\d* +\d+\.\d\d +\d+\.\d{4}$",
+            r"^ratio ftjob/TRL: tokens/s \d+\.\d\d, peak memory \d+\.\d\d",
+        ),
+        timeout=600,
         marks=TRAINER,
     ),
     Smoke(
