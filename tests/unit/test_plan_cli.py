@@ -44,6 +44,17 @@ def test_table_has_components_and_a_verdict(tmp_path: Path, capsys: pytest.Captu
     assert " fits: " in out[-1]
 
 
+@pytest.mark.parametrize(("method", "said"), [({"type": "qlora"}, ", qlora, "), ({"type": "dpo"}, ", dpo on lora, ")])
+def test_the_header_names_the_objective_and_the_adaptation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], method: dict[str, str], said: str
+) -> None:
+    spec = QLORA_24GI | {"method": method}
+    if method["type"] == "dpo":
+        spec["dataset"] = {"uri": "builtin://secret-code-preference", "format": "preference", "maxSeqLength": 2048}
+    assert main(["plan", write_job(tmp_path, **spec)]) == 0
+    assert said in capsys.readouterr().out.splitlines()[0]
+
+
 def test_gpu_memory_flag_overrides_the_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", write_job(tmp_path, **QLORA_24GI), "--json", "--gpu-memory", "80Gi"]) == 0
     assert json.loads(capsys.readouterr().out)["gpuMemoryBytes"] == 80 * 2**30

@@ -12,6 +12,7 @@ import json
 import sys
 
 from ..api.base import quantity_bytes
+from ..api.methods import Objective
 from ..plan import DoesNotFitError, PlanningError, plan_job
 from ..plan.counting.activation_traits import activation_note
 from ..plan.search.memory import BREAKDOWN_KEYS
@@ -90,10 +91,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json() | ({"notes": [note]} if note else {}), indent=2))
     else:
         w = result.workload
+        method = str(w.method) if w.objective == Objective.SFT else f"{w.objective} on {w.method}"
         print(
             f"{job.name}: {w.source.name} ({w.counts.total / 1e9:.2f}B params, "
             f"{w.counts.trainable / 1e6:.1f}M trainable), "
-            f"{w.method}, seq {w.seq_len}, global batch {w.global_batch}, {w.world_size} {w.device}(s); "
+            f"{method}, seq {w.seq_len}, global batch {w.global_batch}, {w.world_size} {w.device}(s); "
             f"GiB per {w.device}" + (" (activations traced)" if result.traced else "")
         )
         print(_table(result, args.all))

@@ -129,7 +129,8 @@ class Workload:
     merged_export: bool = False
     """`output.mergedModel`: rank 0 loads the unquantised base at the end and merges the adapter in."""
     objective: Objective = Objective.SFT
-    """`method.objective`: what the weights are trained towards (a preference pair is two sequences)."""
+    """What the weights are trained towards (`method.type` dpo and orpo; sft otherwise): a preference
+    pair is two sequences."""
     precompute_reference: bool = False
     """`method.preference.precomputeReference`: full DPO's reference log-probabilities computed beforehand."""
     adapted: tuple[AdaptedGroup, ...] = field(init=False, repr=False, compare=False)
