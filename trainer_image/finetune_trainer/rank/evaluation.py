@@ -131,8 +131,9 @@ def generations(
     world: int,
     all_reduce_sum: Callable[[list[float]], list[float]],
 ) -> dict[str, Any]:
-    """`exact_match` and its first `examples` (expected, got) for a preference set's held-out
-    prompts, the answer expected being the chosen one: does the policy now say what it prefers?"""
+    """`exact_match` and its first `examples` (expected, got) of greedy answers to a built-in task's
+    held-out prompts (none: an empty dict). The answer expected is SFT's answer, or a preference
+    pair's chosen one: does the policy now say what it prefers?"""
     if not prompts:
         return {}
     longest = max(len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers)

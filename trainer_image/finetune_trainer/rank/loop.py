@@ -163,16 +163,7 @@ class Trainer:
             )
             if self.metrics is not None:
                 self.metrics.progress.evaluated(pairs)
-            said = evaluation.generations(
-                self.engine.module,
-                self.tokenizer,
-                self.held_out.prompts,
-                self.held_out.answers,
-                rank=self.dist.rank,
-                world=self.dist.world,
-                all_reduce_sum=self.dist.sum,
-            )
-            return {"eval_loss": pairs.get("eval_loss"), **pairs, **said}
+            return {"eval_loss": pairs.get("eval_loss"), **pairs, **_generations(self)}
         loss = evaluation.eval_loss(
             self.engine.module,
             self.held_out.rows,
@@ -184,21 +175,7 @@ class Trainer:
             loss=self.loss,
         )
         result: dict[str, Any] = {"eval_loss": loss}
-        if self.held_out.prompts:
-            longest = max(len(self.tokenizer(a, add_special_tokens=False)["input_ids"]) for a in self.held_out.answers)
-            accuracy, examples = evaluation.exact_match(
-                self.engine.module,
-                self.tokenizer,
-                self.held_out.prompts,
-                self.held_out.answers,
-                rank=self.dist.rank,
-                world=self.dist.world,
-                batch=32,
-                max_new_tokens=longest + 1,
-                all_reduce_sum=self.dist.sum,
-            )
-            result["exact_match"] = accuracy
-            result["examples"] = [{"expected": e, "got": g} for e, g in examples]
+        result.update(_generations(self))
         if self.metrics is not None and loss is not None:
             self.metrics.progress.eval_loss.set(loss)
         return result
@@ -577,3 +554,17 @@ def _brief(result: dict[str, Any]) -> str:
     if "exact_match" in result:
         parts.append(f"exact-match {result['exact_match']:.1%}")
     return ", ".join(parts)
+
+
+def _generations(trainer: Trainer) -> dict[str, Any]:
+    """A built-in task's greedy answers to the held-out prompts against the expected ones (SFT's
+    answer, a preference pair's chosen one): `exact_match` and `examples`, or nothing."""
+    return evaluation.generations(
+        trainer.engine.module,
+        trainer.tokenizer,
+        trainer.held_out.prompts,
+        trainer.held_out.answers,
+        rank=trainer.dist.rank,
+        world=trainer.dist.world,
+        all_reduce_sum=trainer.dist.sum,
+    )
