@@ -22,7 +22,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +72,7 @@ def _env() -> dict[str, str]:
 
 
 def run_ours(work: Path, job: dict[str, Any]) -> dict[str, float]:
-    from benchmarks.planner_vs_cpu_peak import _hwm, _workers
+    from benchmarks.planner_vs_cpu_peak import rank_peaks
 
     path, out = work / "job.yaml", work / "out-ours"
     path.write_text(yaml.safe_dump(job))
@@ -81,13 +80,7 @@ def run_ours(work: Path, job: dict[str, Any]) -> dict[str, float]:
     proc = subprocess.Popen(
         [*cmd, "--master-port", str(free_port())], env=_env(), stdout=subprocess.DEVNULL, start_new_session=True
     )
-    peaks: dict[int, int] = {}
-    while proc.poll() is None:
-        for pid in _workers(proc.pid):
-            value = _hwm(pid)
-            if value is not None:
-                peaks[pid] = max(peaks.get(pid, 0), value)
-        time.sleep(0.2)
+    peaks = rank_peaks(proc)
     if proc.returncode != 0:
         raise SystemExit(f"dpo_vs_trl: ftjob run failed ({proc.returncode})")
     entries = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]

@@ -119,6 +119,24 @@ def _hwm(pid: int) -> int | None:
     return None
 
 
+def rank_peaks(proc: subprocess.Popen[Any]) -> dict[int, int]:
+    """Each rank's peak resident set (VmHWM) under `proc`, sampled until it exits. `proc` must run in a
+    session of its own: interrupted, this kills the whole run, which would outlive the caller."""
+    peaks: dict[int, int] = {}
+    try:
+        while proc.poll() is None:
+            for pid in _workers(proc.pid):
+                value = _hwm(pid)
+                if value is not None:
+                    peaks[pid] = max(peaks.get(pid, 0), value)
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return peaks
+
+
 def measure(args: argparse.Namespace, method: str, packing: bool) -> tuple[Any, list[int], float]:
     from finetune_operator.api.job import FineTuneJob
     from finetune_operator.plan import choose_plan
@@ -156,18 +174,9 @@ def measure(args: argparse.Namespace, method: str, packing: bool) -> tuple[Any, 
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        peaks: dict[int, int] = {}
         try:
-            while proc.poll() is None:
-                for pid in _workers(proc.pid):
-                    value = _hwm(pid)
-                    if value is not None:
-                        peaks[pid] = max(peaks.get(pid, 0), value)
-                time.sleep(0.2)
-        finally:  # interrupted: the run is in a session of its own, so it would outlive this script
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            peaks = rank_peaks(proc)
+        finally:
             log.close()
         if proc.returncode != 0:
             print((root / "log").read_text()[-3000:], file=sys.stderr)
