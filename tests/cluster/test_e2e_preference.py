@@ -64,7 +64,7 @@ def test_a_dpo_job_trains_to_success_through_the_operator(
 
         out = output_dir(local_cluster, jobs.ns, name)
         result = status["result"]
-        assert result["steps"] == STEPS and result["adapterUri"] == f"/mnt/pvc/{CLAIM}/{name}/adapter", result
+        assert result["steps"] == STEPS and result["adapterUri"] == f"pvc://{CLAIM}/{name}/adapter", result
         assert (out / "adapter" / "adapter_model.safetensors").is_file()
         log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines() if line.strip()]
         trained = [e for e in log if "loss" in e]

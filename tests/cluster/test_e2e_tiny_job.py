@@ -78,7 +78,7 @@ def test_tiny_job_trains_to_success(uninterrupted: Finished) -> None:
     result = run.status["result"]
     assert result["steps"] == MAX_STEPS and result["finalLoss"] > 0
     assert run.status["progress"]["summary"] == f"{MAX_STEPS}/{MAX_STEPS} (100%)"
-    assert result["adapterUri"] == "/mnt/pvc/ftjob-output/tiny-cpu/adapter"
+    assert result["adapterUri"] == "pvc://ftjob-output/tiny-cpu/adapter"
     assert (run.out / "adapter" / "adapter_model.safetensors").is_file()
     wait_for(lambda: (s := run.jobs.statefulset("tiny-cpu")) and s["spec"]["replicas"] == 0, 60, "scale to 0")
 

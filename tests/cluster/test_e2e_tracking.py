@@ -99,7 +99,7 @@ def test_a_gang_restart_continues_one_run_with_every_step_once(
 
     adapter = {a.path for a in MlflowClient(tracking_uri=mlflow_server.url).list_artifacts(run.info.run_id, "adapter")}
     assert "adapter/adapter_model.safetensors" in adapter
-    assert tags["ftjob.adapter_uri"] == "/mnt/pvc/ftjob-output/tiny-cpu/adapter"
+    assert tags["ftjob.adapter_uri"] == "pvc://ftjob-output/tiny-cpu/adapter"
 
 
 def test_a_tracking_server_outage_is_a_warning_and_the_run_gets_every_step(

@@ -34,7 +34,7 @@ def test_success_writes_summary_then_a_restart_idles_until_sigterm(
     assert first.wait(240) == 0, first.log()[-3000:]
     summary = first.summary()
     assert {"finalLoss", "steps", "tokens", "adapterUri", "wallSeconds", "evalLoss"} <= summary.keys()
-    assert summary["steps"] == 2 and summary["adapterUri"] == str(out / "adapter")
+    assert summary["steps"] == 2 and summary["adapterUri"] == f"file://{(out / 'adapter').resolve()}"
     assert json.loads((out / "COMPLETED.json").read_text()) == summary
     lines_before = len(first.train_log())
 

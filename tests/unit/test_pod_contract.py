@@ -30,8 +30,8 @@ def test_the_trainers_summary_becomes_status_result_field_for_field() -> None:
         steps=40,
         tokens=1234,
         samples=320,
-        adapter_uri="/mnt/pvc/out/adapter",
-        merged_model_uri="/mnt/pvc/out/merged",
+        adapter_uri="pvc://out/job/adapter",
+        merged_model_uri="pvc://out/job/merged",
         wall_seconds=12.5,
         eval_loss=0.4,
         eval_loss_before=2.0,
@@ -42,15 +42,16 @@ def test_the_trainers_summary_becomes_status_result_field_for_field() -> None:
     read = termination.summary_of(term(written.to_message(), code=0, reason="Completed"))
     assert read == written
     result = read.to_result()
-    assert (result.adapter_uri, result.merged_model_uri) == ("/mnt/pvc/out/adapter", "/mnt/pvc/out/merged")
+    assert (result.adapter_uri, result.merged_model_uri) == ("pvc://out/job/adapter", "pvc://out/job/merged")
     assert (result.final_loss, result.eval_loss, result.eval_loss_before) == (0.5, 0.4, 2.0)
     assert (result.exact_match, result.exact_match_before) == (0.75, 0.0)
     assert (result.steps, result.tokens, result.skipped_records, result.wall_seconds) == (40, 1234, 3, 12.5)
 
 
 def test_a_full_fine_tuning_summary_points_the_result_at_the_model() -> None:
-    summary = TrainingSummary(steps=1, tokens=2, model_uri="/out/model")
-    assert summary.to_result().adapter_uri == "/out/model"
+    summary = TrainingSummary(steps=1, tokens=2, model_uri="s3://bucket/run/model")
+    result = summary.to_result()
+    assert (result.model_uri, result.adapter_uri) == ("s3://bucket/run/model", None)
 
 
 @pytest.mark.parametrize(

@@ -127,3 +127,25 @@ def test_a_mirrored_input_is_where_the_ranks_read_it(tmp_path: Path, monkeypatch
     assert (model_dir / "w" / "model.safetensors").read_bytes() == b"w" * 7
     assert data_file.read_bytes() == b'{"a": 1}\n'
     assert os.path.commonpath([model_dir, data_file]) == str(tmp_path / "mirror")
+
+
+@pytest.mark.parametrize(
+    ("output_uri", "out", "expected"),
+    [
+        # the operator's layout: the output folder is the claim's mount (FTJOB_OUTPUT_DIR = /mnt/pvc/<claim>/<path>)
+        ("pvc://ftjob-output/tiny-cpu", "ftjob-output/tiny-cpu", "pvc://ftjob-output/tiny-cpu/adapter"),
+        ("pvc://ftjob-output/runs/a/", "ftjob-output/runs/a", "pvc://ftjob-output/runs/a/adapter"),
+        ("pvc://whole-claim", "whole-claim", "pvc://whole-claim/adapter"),
+        # `ftjob run --output DIR` of a pvc:// job writes elsewhere: the files are on this machine
+        ("pvc://ftjob-output/tiny-cpu", "local/run", "file://{root}/local/run/adapter"),
+        ("/out/job", "local/out", "file://{root}/local/out/adapter"),
+    ],
+)
+def test_a_result_is_named_where_it_can_be_read_from_outside_the_pod(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output_uri: str, out: str, expected: str
+) -> None:
+    monkeypatch.setenv(PodEnv.FTJOB_PVC_ROOT, str(tmp_path / "mnt"))
+    folder = (tmp_path / "mnt" / out) if not out.startswith("local") else (tmp_path / out)
+    uri = paths.result_uri(output_uri, folder, folder / "adapter")
+    assert uri == expected.format(root=tmp_path.resolve())
+    assert not uri.startswith(str(tmp_path)), "never a bare path inside the pod"

@@ -182,7 +182,8 @@ class TrainingSummary(ApiModel):
 
     def to_result(self) -> Result:
         return Result(
-            adapter_uri=self.adapter_uri or self.model_uri,
+            adapter_uri=self.adapter_uri,
+            model_uri=self.model_uri,
             merged_model_uri=self.merged_model_uri,
             final_loss=self.final_loss,
             eval_loss=self.eval_loss,

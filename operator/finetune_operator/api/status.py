@@ -117,8 +117,20 @@ class Workers(ApiModel):
 
 
 class Result(ApiModel):
-    adapter_uri: Annotated[str, Field(max_length=1024)] | None = None
-    merged_model_uri: Annotated[str, Field(max_length=1024)] | None = None
+    adapter_uri: Annotated[str, Field(max_length=1024)] | None = Field(
+        default=None,
+        description="The trained adapter (lora, qlora; dpo/orpo on them): `pvc://claim/path` or `s3://bucket/key`, "
+        "what a serving runtime or another job's `model.adapter` takes (`file:///path` only for a path output or "
+        "`ftjob run`).",
+    )
+    model_uri: Annotated[str, Field(max_length=1024)] | None = Field(
+        default=None, description="The trained model of a full fine-tune, in the same URI forms as adapterUri."
+    )
+    merged_model_uri: Annotated[str, Field(max_length=1024)] | None = Field(
+        default=None,
+        description="Base and adapter merged (`output.mergedModel`), in the same URI forms as adapterUri: a model "
+        "any runtime serves without LoRA support.",
+    )
     final_loss: float | None = None
     eval_loss: float | None = None
     eval_loss_before: float | None = None

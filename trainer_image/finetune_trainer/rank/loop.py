@@ -28,6 +28,7 @@ from finetune_trainer.model.objectives import rank_objective
 from finetune_trainer.rank import evaluation, rank_setup
 from finetune_trainer.rank.devices import float64_on_rank
 from finetune_trainer.settings import JobConfig
+from finetune_trainer.storage import paths
 from finetune_trainer.tracking.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -510,7 +511,8 @@ class Trainer:
 
         leader_work.run(write, doer=self.dist.rank == 0, doers=1, what="writing the trained model")
         gathered.clear()
-        where = {path: str(path) for path in (target, merged) if path is not None}
+        results = [path for path in (target, merged) if path is not None]
+        where = {path: paths.result_uri(self.spec.output.uri, self.out, path) for path in results}
         if self.s3 is not None:
             where.update(self.s3.publish_results(self.out, [target, *([merged] if merged else [])]))
         return TrainingSummary(

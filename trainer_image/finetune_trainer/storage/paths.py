@@ -72,6 +72,20 @@ def output_dir(output_uri: str) -> Path:
     return Path(local)
 
 
+def result_uri(output_uri: str, out: Path, folder: Path) -> str:
+    """What a result folder (`folder`, written under the job's output folder `out`) is called
+    outside the pod: `pvc://claim/path` when `out` is the mount of an output claim, else
+    `file:///abs/path` (a path output, or `ftjob run`'s local folder). An `s3://` output's URIs
+    come from its upload (`s3_checkpoints.S3Output.publish_results`), not from here."""
+    parsed = StorageUri.of(output_uri)
+    if parsed.scheme is Scheme.CLAIM:
+        mount = pvc_root() / parsed.claim
+        claim_folder = mount / parsed.path.strip("/") if parsed.path.strip("/") else mount
+        if out.resolve() == claim_folder.resolve() and folder.resolve().is_relative_to(mount.resolve()):
+            return f"pvc://{parsed.claim}/{folder.resolve().relative_to(mount.resolve()).as_posix()}"
+    return f"file://{folder.resolve().as_posix()}"
+
+
 def completion_marker(out: Path) -> Path:
     return out / COMPLETION_MARKER
 
