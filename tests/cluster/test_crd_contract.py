@@ -135,6 +135,22 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
         "spec.method.qlora",
         "only allowed",
     ),
+    # starting from an adapter: only a method that has one, only where an adapter can be read from
+    (
+        {"model": {"uri": "/m/x", "adapter": "pvc://out/sft/adapter"}, "method": {"type": "full"}},
+        "spec.model.adapter",
+        "takes no adapter",
+    ),
+    (
+        {
+            "model": {"uri": "/m/x", "adapter": "/out/sft/adapter"},
+            "method": {"type": "dpo", "preference": {"base": "full"}},
+            "dataset": {"format": "preference"},
+        },
+        "spec.model.adapter",
+        "takes no adapter",
+    ),
+    ({"model": {"uri": "/m/x", "adapter": "pvc://out/a/../../b"}}, "spec.model.adapter", "'..' path segment"),
 ]
 
 

@@ -85,6 +85,7 @@ PATHS: list[tuple[str, ...]] = [
     ("spec", "failurePolicy", "backoffLimit"),
     ("spec", "activeDeadlineSeconds"),
     ("spec", "model", "tokenizer"),
+    ("spec", "model", "adapter"),
     ("spec", "model", "cache"),
     ("spec", "model", "cache", "claimName"),
     ("spec", "hfTokenSecretRef"),

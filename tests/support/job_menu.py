@@ -35,6 +35,15 @@ MENU: dict[str, list[Any]] = {
     ],
     "model.revision": [ABSENT, None, "main", "v1.0", "-bad", "..", "a/../b", "v1."],
     "model.tokenizer": [ABSENT, "org/tok", "s3://models/tok/", "s3://xn--tok/x", "s3://tok--ol-s3/x"],
+    "model.adapter": [
+        ABSENT,
+        "pvc://runs/sft/adapter",
+        "s3://runs/sft/adapter/",
+        "/out/sft/adapter",
+        "org/adapter",
+        "pvc://runs/../x",
+        "builtin://tiny-llama",
+    ],
     "model.cache": [
         ABSENT,
         {"size": "20Gi"},

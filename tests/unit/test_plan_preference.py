@@ -23,9 +23,11 @@ from finetune_operator.plan.workload import Workload, workload_from_spec
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lora-8b-2x8.yaml"
 
 
-def job(method: str, objective: str | None, precompute: bool | None = None) -> FineTuneJob:
+def job(method: str, objective: str | None, precompute: bool | None = None, adapter: str | None = None) -> FineTuneJob:
     doc: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
     spec = doc["spec"]
+    if adapter is not None:
+        spec["model"]["adapter"] = adapter
     spec["method"] = {"type": method}
     if objective is not None:  # a preference objective adapts the weights as preference.base says
         spec["method"] = {"type": objective, "preference": {"base": method}}
@@ -104,3 +106,26 @@ def test_advice_for_a_preference_job_names_the_field_that_sets_its_adaptation(ob
         preference.suggestions
     )
     assert not any(line.startswith("method.type:") for line in preference.suggestions), preference.suggestions
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_preference_job_that_starts_from_an_adapter_counts_that_adapter_frozen_beside_it(
+    method: str, stage: int
+) -> None:
+    dpo, from_adapter = (
+        workload(method, "dpo"),
+        workload_from_spec(job(method, "dpo", adapter="/runs/sft/adapter").spec),
+    )
+    assert from_adapter.reference is ReferenceModel.START_ADAPTER
+    assert reference_weight_bytes(from_adapter) == 4 * dpo.counts.trainable > 0
+    strategy = Strategy(zero_stage=stage, micro_batch_size=1, gradient_accumulation_steps=1)
+    shard = dpo.world_size if stage == 3 else 1
+    extra = (
+        estimate_memory(from_adapter, strategy).breakdown["weights"]
+        - estimate_memory(dpo, strategy).breakdown["weights"]
+    )
+    assert extra == pytest.approx(4 * dpo.counts.trainable / shard, abs=1)
+    # SFT from an adapter has no reference: the adapter it loads is the one it trains
+    sft = workload_from_spec(job(method, None, adapter="/runs/sft/adapter").spec)
+    assert sft.reference is ReferenceModel.NONE and reference_weight_bytes(sft) == 0

@@ -56,3 +56,15 @@ def test_a_validation_file_on_its_own_claim_is_mounted_read_only() -> None:
     by_claim = {v["persistentVolumeClaim"]["claimName"]: v for v in volumes(job, "cm") if "persistentVolumeClaim" in v}
     assert by_claim["heldout"]["persistentVolumeClaim"]["readOnly"] is True
     assert {"name": "pvc-heldout", "mountPath": "/mnt/pvc/heldout", "readOnly": True} in volume_mounts(job, "/x")
+
+
+def test_an_adapter_to_start_from_is_mounted_read_only_and_a_shared_output_claim_stays_writable() -> None:
+    job = make_job(model={"uri": "pvc://models/base", "adapter": "pvc://sft-runs/sft/adapter"})
+    by_claim = {v["persistentVolumeClaim"]["claimName"]: v for v in volumes(job, "cm") if "persistentVolumeClaim" in v}
+    assert by_claim["sft-runs"]["persistentVolumeClaim"]["readOnly"] is True
+    assert {"name": "pvc-sft-runs", "mountPath": "/mnt/pvc/sft-runs", "readOnly": True} in volume_mounts(job, "/x")
+    # DPO after SFT on one output claim: the claim the adapter is read from is also written to
+    out = job.spec.output.uri.removeprefix("pvc://").partition("/")[0]
+    same = make_job(model={"uri": "pvc://models/base", "adapter": f"pvc://{out}/sft/adapter"})
+    shared = [v for v in volumes(same, "cm") if v.get("persistentVolumeClaim", {}).get("claimName") == out]
+    assert len(shared) == 1 and shared[0]["persistentVolumeClaim"]["readOnly"] is False

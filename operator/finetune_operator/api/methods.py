@@ -64,6 +64,9 @@ class ReferenceModel(StrEnum):
     """No reference: supervised fine-tuning, or ORPO."""
     ADAPTER_DISABLED = "adapter-disabled"
     """The policy's own base with its adapter switched off (LoRA, QLoRA): no extra weights."""
+    START_ADAPTER = "start-adapter"
+    """The base with the adapter the job started from (`model.adapter`, LoRA, QLoRA), frozen as it
+    was loaded: a second copy of the adapter's weights, none of the base."""
     FROZEN_COPY = "frozen-copy"
     """A frozen copy of the base beside the policy (full), sharded like it under ZeRO-3."""
     PRECOMPUTED = "precomputed"
@@ -134,11 +137,14 @@ def objective_traits(objective: Objective | str) -> ObjectiveTraits:
     return OBJECTIVES[Objective(objective)]
 
 
-def reference_model(method: MethodType | str, objective: Objective | str, precompute: bool = False) -> ReferenceModel:
+def reference_model(
+    method: MethodType | str, objective: Objective | str, precompute: bool = False, start_adapter: bool = False
+) -> ReferenceModel:
     """The reference `objective` trains against under `method`: none, the base with the adapter
-    off (an adapter method), or for full fine-tuning a frozen copy or precomputed log-probabilities."""
+    off (an adapter method; with `start_adapter`, `model.adapter`, the base with that adapter as
+    loaded), or for full fine-tuning a frozen copy or precomputed log-probabilities."""
     if not objective_traits(objective).needs_reference:
         return ReferenceModel.NONE
     if method_traits(method).has_adapter:
-        return ReferenceModel.ADAPTER_DISABLED
+        return ReferenceModel.START_ADAPTER if start_adapter else ReferenceModel.ADAPTER_DISABLED
     return ReferenceModel.PRECOMPUTED if precompute else ReferenceModel.FROZEN_COPY

@@ -53,6 +53,7 @@ from .object_storage import ObjectStorageSpec, allowed_bucket
 from .pod_template import PodTemplateOverlay
 from .rules import CrossFieldRule, rules_of
 from .storage_uri import (
+    ADAPTER_URI_PATTERN,
     DATASET_URI_PATTERN,
     OUTPUT_URI_PATTERN,
     PINNED_HUB_ID,
@@ -218,6 +219,13 @@ class ModelSpec(RuledModel):
     tokenizer: Annotated[str, Field(max_length=512, pattern=URI_PATTERN)] | None = Field(
         default=None, description="Tokenizer location when it differs from the model's."
     )
+    adapter: Annotated[str, Field(max_length=512, pattern=ADAPTER_URI_PATTERN)] | None = Field(
+        default=None,
+        description="A LoRA adapter of this model to start from instead of a new one: `pvc://claim/path`, "
+        "`s3://bucket/prefix` or an absolute path, such as a finished job's `status.result.adapterUri` (DPO after "
+        "SFT). Its rank, alpha and target modules must be method.lora's. It trains on; for dpo and orpo the "
+        "reference is the model with this adapter as it was loaded.",
+    )
     trust_remote_code: bool = Field(default=False, description="Allow code from the model repository to run.")
     architecture: Annotated[str, Field(max_length=128, pattern=ARCHITECTURE_PATTERN)] | None = Field(
         default=None,
@@ -236,8 +244,10 @@ class ModelSpec(RuledModel):
     __rules__: ClassVar[tuple[CrossFieldRule, ...]] = (
         no_dot_dot("uri"),
         no_dot_dot("tokenizer", optional=True),
+        no_dot_dot("adapter", optional=True),
         allowed_bucket("uri"),
         allowed_bucket("tokenizer", optional=True),
+        allowed_bucket("adapter", optional=True),
         CrossFieldRule(
             cel=f"!(has(self.revision) && self.uri.matches('{PINNED_HUB_ID}'))",
             message="the uri pins a revision (@...): set it there or in revision, not both",
@@ -477,9 +487,14 @@ class MethodSpec(RuledModel):
 
     @property
     def reference(self) -> ReferenceModel:
-        """The reference model the objective compares the policy against (api.methods.reference_model)."""
+        """The reference model the objective compares the policy against (api.methods.reference_model),
+        for a job that starts without an adapter: `FineTuneJobSpec.reference` is the job's."""
+        return self.reference_for(start_adapter=False)
+
+    def reference_for(self, start_adapter: bool) -> ReferenceModel:
+        """The reference, when the job does (`model.adapter`) or does not start from an adapter."""
         precompute = bool(self.preference and self.preference.precompute_reference)
-        return reference_model(self.adaptation, self.objective, precompute)
+        return reference_model(self.adaptation, self.objective, precompute, start_adapter)
 
     @property
     def preference_or_default(self) -> PreferenceSpec:
@@ -812,6 +827,7 @@ class FailurePolicy(ApiModel):
 
 _S3_URI_CEL = (
     "(self.model.uri.startsWith('s3://') || (has(self.model.tokenizer) && self.model.tokenizer.startsWith('s3://')) "
+    "|| (has(self.model.adapter) && self.model.adapter.startsWith('s3://')) "
     "|| self.dataset.uri.startsWith('s3://') "
     "|| (has(self.dataset.validationUri) && self.dataset.validationUri.startsWith('s3://')) "
     "|| self.output.uri.startsWith('s3://'))"
@@ -887,6 +903,13 @@ class FineTuneJobSpec(RuledModel):
             check=lambda s: s.dataset.format != DatasetFormat.PREFERENCE or s.method.objective != Objective.SFT,
         ),
         CrossFieldRule(
+            cel=f"!has(self.model.adapter) || !has(self.method) || !{_adapts(MethodType.FULL, 'self.method')}",
+            message="a full fine-tune trains every weight and takes no adapter: model.adapter needs lora or qlora "
+            "(method.type, or method.preference.base for dpo and orpo)",
+            field_path=".model.adapter",
+            check=lambda s: s.model.adapter is None or s.method.traits.has_adapter,
+        ),
+        CrossFieldRule(
             cel=f"!has(self.method) || !{_adapts(MethodType.QLORA, 'self.method')} "
             "|| !has(self.training) || !has(self.training.precision) || self.training.precision != 'fp32'",
             message="qlora needs a 16-bit compute dtype: set training.precision to bf16 or fp16",
@@ -952,11 +975,18 @@ class FineTuneJobSpec(RuledModel):
         return self.resources.world_size
 
     @property
+    def reference(self) -> ReferenceModel:
+        """The reference model the job's objective compares the policy against (`method`, and
+        `model.adapter` where the job starts from an adapter)."""
+        return self.method.reference_for(start_adapter=self.model.adapter is not None)
+
+    @property
     def s3_uris(self) -> dict[str, str]:
         """The spec's s3:// URIs by field path (`spec.model.uri`, ...)."""
         fields: dict[str, str | None] = {
             "spec.model.uri": self.model.uri,
             "spec.model.tokenizer": self.model.tokenizer,
+            "spec.model.adapter": self.model.adapter,
             "spec.dataset.uri": self.dataset.uri,
             "spec.dataset.validationUri": self.dataset.validation_uri,
             "spec.output.uri": self.output.uri,

@@ -63,6 +63,8 @@ DATASET_URI_PATTERN = _uri_pattern(BUILTIN_DATASETS)
 """Where a dataset lives: as `URI_PATTERN`, with `BUILTIN_DATASETS` as the built-in names."""
 OUTPUT_URI_PATTERN = rf"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/{VISIBLE}*)?|/{VISIBLE}*|{S3_URI})$"
 """Where the output goes: a claim, a path or object storage."""
+ADAPTER_URI_PATTERN = rf"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/{VISIBLE}*)?|file:///{VISIBLE}*|/{VISIBLE}*|{S3_URI})$"
+"""Where an adapter to start from is: a claim, a path or object storage (a job's `status.result.adapterUri`)."""
 
 PATTERN_HINTS: dict[str, str] = {
     URI_PATTERN: "must be a hub id (org/name or hf://org/name, optionally @revision), pvc://claim/path, "
@@ -71,6 +73,9 @@ PATTERN_HINTS: dict[str, str] = {
     DATASET_URI_PATTERN: "must be a hub id (org/name or hf://org/name), pvc://claim/path, s3://bucket/prefix "
     "(bucket: 3-63 lowercase letters, digits, '.' or '-'), an absolute path, or one of "
     + ", ".join(f"builtin://{name}" for name in BUILTIN_DATASETS),
+    ADAPTER_URI_PATTERN: "must be pvc://claim/path, s3://bucket/prefix (bucket: 3-63 lowercase letters, digits, "
+    "'.' or '-') or an absolute path: where a LoRA adapter folder is, such as a finished job's "
+    "status.result.adapterUri",
     OUTPUT_URI_PATTERN: "must be pvc://claim/path, s3://bucket/prefix (bucket: 3-63 lowercase letters, digits, '.' "
     "or '-') or an absolute path",
 }

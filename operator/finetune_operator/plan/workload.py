@@ -133,6 +133,9 @@ class Workload:
     pair is two sequences."""
     precompute_reference: bool = False
     """`method.preference.precomputeReference`: full DPO's reference log-probabilities computed beforehand."""
+    start_adapter: bool = False
+    """`model.adapter`: the job trains on an adapter it loads; a preference objective keeps that
+    adapter, frozen, as its reference."""
     adapted: tuple[AdaptedGroup, ...] = field(init=False, repr=False, compare=False)
     """The weight groups LoRA adapts, with their ranks (none in full fine-tuning): resolved from the
     method, rank and targets once per workload, `replace()` and `with_method` included."""
@@ -154,7 +157,7 @@ class Workload:
     @property
     def reference(self) -> ReferenceModel:
         """The reference model beside the policy (none, the adapter-less base, a frozen copy, precomputed)."""
-        return reference_model(self.method, self.objective, self.precompute_reference)
+        return reference_model(self.method, self.objective, self.precompute_reference, self.start_adapter)
 
     @property
     def sequences_per_step_example(self) -> int:
@@ -287,4 +290,5 @@ def workload_from_spec(spec: FineTuneJobSpec, local_files: bool = True, source: 
         merged_export=spec.output.merged_model,
         objective=spec.method.objective,
         precompute_reference=bool(spec.method.preference_or_default.precompute_reference),
+        start_adapter=spec.model.adapter is not None,
     )

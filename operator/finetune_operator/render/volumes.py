@@ -133,7 +133,7 @@ def claims(job: FineTuneJob) -> dict[str, bool]:
         claim = claim_of(uri)
         if claim is not None:
             out[claim] = out.get(claim, True) and read_only
-    for extra in (spec.model.tokenizer, spec.dataset.validation_uri):
+    for extra in (spec.model.tokenizer, spec.model.adapter, spec.dataset.validation_uri):
         if extra and (claim := claim_of(extra)):
             out.setdefault(claim, True)
     return out

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.methods import MethodType, method_traits
+from finetune_trainer.model.start_adapter import TRAINED
 
 
 def gathered_state_dict(model: Any, rank: int, trainable_only: bool) -> dict[str, Any]:
@@ -54,7 +55,10 @@ def write_trained(model: Any, tokenizer: Any, out: Path, state: dict[str, Any]) 
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
+    extra: dict[str, Any] = {}
+    if hasattr(model, "peft_config"):  # only the trained adapter, not a preference job's frozen start adapter
+        extra["selected_adapters"] = [TRAINED]
+    model.save_pretrained(str(tmp), state_dict=state, safe_serialization=True, **extra)
     tokenizer.save_pretrained(str(tmp))
     return _swap_in(tmp, out)
 

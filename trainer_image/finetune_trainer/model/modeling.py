@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.lora_rules import UnsupportedSetting, resolve_lora_dropout
-from finetune_operator.api.methods import MethodType, method_traits
+from finetune_operator.api.methods import MethodType, ReferenceModel, method_traits
 from finetune_operator.api.model_uri import hub_model
 from finetune_operator.api.pod_contract import TerminationReason
 from finetune_operator.api.pod_env import PodEnv
 from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_operator.api.status import PlanStatus
 from finetune_trainer.errors import TrainerError
-from finetune_trainer.model import builtin_models
+from finetune_trainer.model import builtin_models, start_adapter
 from finetune_trainer.model.pretrained import NO_HUB_KERNELS
 from finetune_trainer.settings import ConfigError
 from finetune_trainer.storage import paths
@@ -286,9 +286,15 @@ def load_model(
     if traits.has_adapter:
         from peft import get_peft_model
 
-        model = get_peft_model(model, _lora_config(spec, model))
+        if spec.model.adapter is not None:  # a finished job's adapter trains on (DPO after SFT)
+            with_reference = spec.reference is ReferenceModel.START_ADAPTER
+            model = start_adapter.attach(model, spec, with_reference=with_reference)
+        else:
+            model = get_peft_model(model, _lora_config(spec, model))
         if plan.zero_stage == 3 and not traits.base_quantized and dtype in (torch.bfloat16, torch.float16):
             uniform_trainable_dtype(model, dtype)
+        if spec.reference is ReferenceModel.START_ADAPTER:
+            start_adapter.match_reference_dtype(model)
     else:
         for param in model.parameters():
             param.requires_grad_(True)

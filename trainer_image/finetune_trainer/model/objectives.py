@@ -4,7 +4,8 @@
 or ORPO over a micro-batch of pairs, every chosen row first (`batching.example_rows`): the
 policy's completion log-probabilities from one forward of all 2B rows and, for DPO, the
 reference's from a forward without gradients. An adapter method's reference is its own base
-with the adapter switched off (peft's `disable_adapter`): no second model. Full fine-tuning's
+with the adapter switched off (peft's `disable_adapter`): no second model; a job that started from
+an adapter (`model.adapter`) compares against that adapter, kept frozen (`start_adapter`). Full fine-tuning's
 reference is a frozen copy of the base in its own DeepSpeed engine (`rank_setup.build_reference_engine`);
 precomputed reference log-probabilities are not trained here yet.
 """
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 
 from finetune_operator.api.methods import Objective, PreferenceLoss, ReferenceModel
 from finetune_operator.api.spec import FineTuneJobSpec
+from finetune_trainer.model import start_adapter
 from finetune_trainer.model.loss import TrainingLoss
 from finetune_trainer.model.preference_loss import (
     IGNORE_INDEX,
@@ -97,6 +99,9 @@ class Preference:
         elif self.reference is ReferenceModel.ADAPTER_DISABLED:
             with torch.no_grad(), engine.module.disable_adapter():
                 reference_logits = engine(**model_inputs).logits
+        elif self.reference is ReferenceModel.START_ADAPTER:  # the adapter the job started from, frozen
+            with torch.no_grad(), start_adapter.reference_active(engine.module):
+                reference_logits = engine(**model_inputs).logits
         else:
             raise ConfigError(f"method.preference: a {self.reference} reference is not trained by this trainer yet")
         return completion_logps(reference_logits, labels)[0]
@@ -125,6 +130,6 @@ def rank_objective(spec: FineTuneJobSpec, loss: TrainingLoss, reference_engine: 
         objective=method.objective,
         beta=settings.beta,
         loss_type=settings.loss_type or PreferenceLoss.SIGMOID,
-        reference=method.reference,
+        reference=spec.reference,
         reference_engine=reference_engine,
     )

@@ -122,7 +122,7 @@ class Trainer:
             model, spec=spec, plan=plan, ds_config=ds_config, total_steps=self.data.total_steps, on_gpu=on_gpu
         )
         reference = None
-        if spec.method.reference == ReferenceModel.FROZEN_COPY:  # full-model DPO: a frozen copy of the base
+        if spec.reference == ReferenceModel.FROZEN_COPY:  # full-model DPO: a frozen copy of the base
             frozen = modeling.load_reference(spec, plan, self.model_path, self.compute, ds_config)
             reference = rank_setup.build_reference_engine(frozen, ds_config)
         self.objective = rank_objective(spec, self.loss, reference)

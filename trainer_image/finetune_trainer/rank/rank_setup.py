@@ -79,7 +79,7 @@ def load_data(
     """The dataset (and the validation file, if any) tokenised, split and packed once per node
     (see `data.prepared`: local rank 0 builds it, the node's other ranks memory-map it), and the
     steps planned. `dist` is the run's collective (`rank`, `world`, `sum`)."""
-    if spec.method.reference == ReferenceModel.PRECOMPUTED:
+    if spec.reference == ReferenceModel.PRECOMPUTED:
         raise ConfigError(
             "method.preference.precomputeReference: precomputed reference log-probabilities are planned but not "
             "trained by this trainer yet; leave it unset (dpo with preference.base full holds a frozen copy)"

@@ -55,6 +55,8 @@ def run_params(cfg: JobConfig) -> dict[str, str]:
         "plan.per_gpu_bytes": plan.per_gpu_bytes,
         "plan.gpu_memory_bytes": plan.gpu_memory_bytes,
     }
+    if spec.model.adapter is not None:  # the adapter this run trains on (a finished job's result)
+        params["model.adapter"] = spec.model.adapter
     if plan.trainable_parameters is not None:
         params["plan.trainable_parameters"] = plan.trainable_parameters
     if spec.method.traits.has_adapter:
@@ -76,7 +78,7 @@ def run_params(cfg: JobConfig) -> dict[str, str]:
             {
                 "preference.base": spec.method.adaptation,
                 "preference.beta": preference.beta,
-                "preference.reference": spec.method.reference,
+                "preference.reference": spec.reference,
             }
         )
         if preference.loss_type is not None:

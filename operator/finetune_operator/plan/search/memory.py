@@ -98,10 +98,17 @@ def frozen_weight_bytes(workload: Workload) -> int:
     return counts.frozen * workload.param_bytes
 
 
+REFERENCE_ADAPTER_BYTES = 4
+"""A frozen copy of a loaded adapter, counted in fp32 (peft keeps adapter weights in fp32 beside a 16-bit base)."""
+
+
 def reference_weight_bytes(workload: Workload) -> int:
-    """Full fine-tuning DPO's frozen reference: a 16-bit copy of the whole model beside the policy,
-    sharded and offloaded like the policy's parameters (none when the reference is precomputed, or
-    is the adapter methods' own base with the adapter off)."""
+    """The reference's own weights, sharded and offloaded like the policy's parameters: full
+    fine-tuning DPO's frozen copy of the whole model (16-bit), or a preference job that started
+    from an adapter (`model.adapter`): that adapter, frozen. None when the reference is
+    precomputed, or is the adapter methods' own base with the adapter off."""
+    if workload.reference is ReferenceModel.START_ADAPTER:
+        return workload.counts.trainable * REFERENCE_ADAPTER_BYTES
     if workload.reference is not ReferenceModel.FROZEN_COPY:
         return 0
     return (workload.counts.trainable + workload.counts.frozen) * workload.param_bytes
