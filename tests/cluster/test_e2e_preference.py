@@ -6,6 +6,8 @@ takes tens of minutes of this machine's CPU (its measured run is in the example'
 succeeds; the status carries the result; the train log holds every step's preference metrics, DPO's
 start (policy = reference: loss log 2, margin 0, every held-out reward tied), a falling loss, and at
 each evaluation the held-out preference accuracy and the greedy answers compared with the chosen ones.
+A second test chains jobs: an SFT job, then a DPO job whose model.adapter is the SFT job's
+status.result.adapterUri as the apiserver shows it.
 """
 
 from __future__ import annotations
@@ -82,3 +84,52 @@ def test_a_dpo_job_trains_to_success_through_the_operator(
         assert all(" " in e["expected"] for e in before["examples"]), before  # the chosen codes, 2 or 3 words
         assert (result["exactMatchBefore"], result["exactMatch"]) == (before["exact_match"], after["exact_match"])
         assert result["evalLossBefore"] == pytest.approx(before["eval_loss"])
+
+
+def test_dpo_after_sft_starts_from_the_sft_jobs_result_uri(
+    kube: Kube, kubeconfig: Path, local_cluster: LocalCluster, operator: OperatorProcess
+) -> None:
+    """The SFT job's `status.result.adapterUri`, taken as it is, is the DPO job's `model.adapter`: the
+    claim it names is mounted, the adapter loads, and DPO compares against it (log 2, margin 0)."""
+    with namespaces(kube, "t-e2e-sft-dpo") as make:
+        jobs = Jobs(kube, make(restricted=True))
+        bind_claim(kube, jobs.ns, CLAIM)
+        sft = tiny_dpo_job(jobs.ns)
+        sft["metadata"]["name"] = "sft-first"
+        sft["spec"]["method"] = {"type": "lora", "lora": sft["spec"]["method"]["lora"]}
+        sft["spec"]["dataset"].update({"uri": "builtin://secret-code", "format": "messages"})
+        sft["spec"]["output"]["uri"] = f"pvc://{CLAIM}/sft-first"
+        kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(sft))
+        adapter = jobs.wait_state("Succeeded", name="sft-first", timeout=600)["result"]["adapterUri"]
+        assert adapter == f"pvc://{CLAIM}/sft-first/adapter"
+
+        dpo = tiny_dpo_job(jobs.ns)
+        dpo["metadata"]["name"] = "dpo-second"
+        dpo["spec"]["model"]["adapter"] = adapter
+        dpo["spec"]["output"]["uri"] = f"pvc://{CLAIM}/dpo-second"
+        dpo["spec"]["training"].update(
+            {"maxSteps": 4, "evalEverySteps": 4, "checkpointEverySteps": 4, "learningRate": 0.0001}
+        )
+        kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(dpo))
+        try:
+            status = jobs.wait_state("Succeeded", name="dpo-second", timeout=600)
+        except TimeoutError:
+            print(jobs.describe("dpo-second"), "\noperator log:", operator.log_tail())
+            raise
+        assert status["result"]["adapterUri"] == f"pvc://{CLAIM}/dpo-second/adapter", status["result"]
+        out = output_dir(local_cluster, jobs.ns, "dpo-second")
+        log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines() if line.strip()]
+        first = next(e for e in log if "loss" in e)
+        assert first["loss"] == pytest.approx(math.log(2), abs=1e-5) and first["reward_margin"] == 0.0, first
+        # the SFT adapter is what it trained on: after 4 small steps its lora_A matrices are still the SFT job's,
+        # nearly (a new adapter's are drawn at random: about sqrt(2) times their norm away)
+        from safetensors.torch import load_file
+
+        sft_weights = load_file(
+            output_dir(local_cluster, jobs.ns, "sft-first") / "adapter" / "adapter_model.safetensors"
+        )
+        dpo_weights = load_file(out / "adapter" / "adapter_model.safetensors")
+        lora_a = [key for key in sft_weights if "lora_A" in key]
+        assert lora_a and set(lora_a) <= dpo_weights.keys()
+        moved = max(float((dpo_weights[k] - sft_weights[k]).norm() / sft_weights[k].norm()) for k in lora_a)
+        assert moved < 0.1, moved
