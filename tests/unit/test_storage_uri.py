@@ -113,16 +113,23 @@ class ListedStore:
 def test_a_mirrored_input_is_where_the_ranks_read_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(PodEnv.FTJOB_S3_MIRROR, str(tmp_path / "mirror"))
     job = make_job(
-        model={"uri": "s3://models/base/", "architecture": "meta-llama/Llama-3.1-8B"},
+        model={"uri": "s3://models/base/", "architecture": "meta-llama/Llama-3.1-8B", "adapter": "s3://runs/sft/"},
         dataset={"uri": "s3://data/train.jsonl"},
         objectStorage=S3_ACCESS,
     )
-    objects = {"base/config.json": b"{}", "base/w/model.safetensors": b"w" * 7, "train.jsonl": b'{"a": 1}\n'}
+    objects = {
+        "base/config.json": b"{}",
+        "base/w/model.safetensors": b"w" * 7,
+        "train.jsonl": b'{"a": 1}\n',
+        "sft/adapter_config.json": b'{"r": 8}',
+    }
     store: ObjectStore = ListedStore(objects)  # type: ignore[assignment]  # the two calls fetch makes
     written = s3_inputs.fetch(job.spec, node_rank=1, store=store)
     model_dir = Path(str(paths.resolve_uri(job.spec.model.uri)))
     data_file = Path(str(paths.resolve_uri(job.spec.dataset.uri)))
-    assert written == [model_dir, data_file]
+    adapter_dir = Path(str(paths.resolve_uri(str(job.spec.model.adapter))))
+    assert written == [model_dir, adapter_dir, data_file]
+    assert (adapter_dir / "adapter_config.json").read_bytes() == b'{"r": 8}'  # where start_adapter reads it
     assert (model_dir / "config.json").read_bytes() == b"{}"
     assert (model_dir / "w" / "model.safetensors").read_bytes() == b"w" * 7
     assert data_file.read_bytes() == b'{"a": 1}\n'
