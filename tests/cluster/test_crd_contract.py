@@ -151,6 +151,26 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
         "takes no adapter",
     ),
     ({"model": {"uri": "/m/x", "adapter": "pvc://out/a/../../b"}}, "spec.model.adapter", "'..' path segment"),
+    # serving: what the runtime cannot serve is refused at the door, naming the field
+    ({"serving": {"target": "Deployment", "maxLoraRank": 24}}, "spec.serving.maxLoraRank", "vLLM's LoRA ranks"),
+    ({"serving": {"target": "InferenceService", "image": "vllm/vllm-openai"}}, "spec.serving.image", "Deployment"),
+    ({"serving": {"target": "Deployment", "runtime": "x"}}, "spec.serving.runtime", "InferenceService"),
+    ({"serving": {"target": "Deployment", "model": "merged"}}, "spec.serving.model", "output.mergedModel"),
+    (
+        {"serving": {"target": "Deployment", "model": "adapter"}, "method": {"type": "full"}},
+        "spec.serving.model",
+        "full fine-tune serves its model",
+    ),
+    (
+        {"serving": {"target": "Deployment"}, "method": {"type": "lora", "lora": {"r": 64}}},
+        "spec.serving.maxLoraRank",
+        "serve the merged model",
+    ),
+    (  # lora.r defaults to 16: above a maxLoraRank of 8
+        {"serving": {"target": "LLMInferenceService", "maxLoraRank": 8}},
+        "spec.serving.maxLoraRank",
+        "raise serving.maxLoraRank",
+    ),
 ]
 
 

@@ -191,6 +191,16 @@ def test_gang_hash_follows_image_and_env() -> None:
     assert gang_hash(j, plan, OPTIONS) == gang_hash(job(), plan, OPTIONS)
 
 
+def test_serving_is_not_the_gangs_business() -> None:
+    """spec.serving is applied after training: adding or changing it never restarts a running gang."""
+    j = job()
+    plan = fixed_plan(j.spec)
+    served = job(serving={"target": "Deployment"})
+    other = job(serving={"target": "InferenceService", "maxLoraRank": 64})
+    assert gang_hash(j, plan, OPTIONS) == gang_hash(served, plan, OPTIONS) == gang_hash(other, plan, OPTIONS)
+    assert config_map(served, plan)["data"] == config_map(j, plan)["data"]
+
+
 @pytest.mark.parametrize(
     ("stage", "opt", "par", "expect_opt", "expect_par"),
     [(2, "none", "none", False, False), (2, "cpu", "none", True, False), (3, "cpu", "cpu", True, True)],

@@ -18,6 +18,7 @@ from finetune_trainer.checkpoint.saves import OutputFull
 from finetune_trainer.data.loading import DataError, DataUnavailable
 from finetune_trainer.errors import TrainerError
 from finetune_trainer.model.modeling import LoraSettingError, ModelNotFound
+from finetune_trainer.model.start_adapter import AdapterNotFound
 from finetune_trainer.outcome import StoppedBySignal, classify, failure_line
 from finetune_trainer.pod.download_gate import DownloadTimeout
 from finetune_trainer.pod.s3_inputs import UnsafeObjectKey
@@ -30,6 +31,7 @@ LADDER: dict[type[TrainerError], TerminationReason] = {
     ConfigError: R.CONFIG_ERROR,
     LoraSettingError: R.CONFIG_ERROR,
     ModelNotFound: R.MODEL_NOT_FOUND,
+    AdapterNotFound: R.MODEL_NOT_FOUND,
     DataError: R.DATA_ERROR,
     DataUnavailable: R.DATA_UNAVAILABLE,
     StoreError: R.DATA_UNAVAILABLE,

@@ -11,7 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .spec import PATTERN_HINTS, RULE_MARK
+from .rules import RULE_MARK
+from .spec import PATTERN_HINTS
 
 _UNION_TAGS = {"int", "str", "float", "bool", "none", "list", "dict", "is-instance", "literal", "lax-or-strict"}
 

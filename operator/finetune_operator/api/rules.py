@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import model_validator
+
+from .base import ApiModel
+
+RULE_MARK = "\x1frule:"
+"""Starts a rule's ValueError text: `RULE_MARK<field path>RULE_MARK<message>` (api.errors reads it)."""
 
 
 @dataclass(frozen=True)
@@ -39,3 +46,16 @@ class CrossFieldRule:
 def rules_of(model: type[Any]) -> tuple[CrossFieldRule, ...]:
     """The rules declared on a model class through its `__rules__` attribute."""
     return tuple(getattr(model, "__rules__", ()))
+
+
+class RuledModel(ApiModel):
+    """A model whose `__rules__` are checked in Python as well as by the apiserver."""
+
+    __rules__: ClassVar[tuple[CrossFieldRule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> Any:
+        for rule in rules_of(type(self)):
+            if not rule.transition and not rule.check(self):
+                raise ValueError(f"{RULE_MARK}{rule.field_path}{RULE_MARK}{rule.message}")
+        return self

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 import re
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from . import mount_paths, object_storage, pod_env, storage_uri
 from .base import (
@@ -51,7 +51,8 @@ from .methods import (
 )
 from .object_storage import ObjectStorageSpec, allowed_bucket
 from .pod_template import PodTemplateOverlay
-from .rules import CrossFieldRule, rules_of
+from .rules import CrossFieldRule, RuledModel
+from .serving import DEFAULT_MAX_LORA_RANK, SERVING_PATTERN_HINTS, ServedModel, ServingSpec
 from .storage_uri import (
     ADAPTER_URI_PATTERN,
     DATASET_URI_PATTERN,
@@ -63,8 +64,6 @@ from .storage_uri import (
 from .toleration import Toleration
 from .tracking import EXPERIMENT_HINT, EXPERIMENT_PATTERN, TRACKING_URI_HINT, TRACKING_URI_PATTERN, TrackingSpec
 
-RULE_MARK = "\x1frule:"
-
 DEFAULT_VALIDATION_SPLIT = 0.05
 DEFAULT_WARMUP_RATIO = 0.03
 
@@ -74,6 +73,7 @@ MODULE_NAME_PATTERN = r"^[A-Za-z0-9_.*-]+$"
 
 PATTERN_HINTS: dict[str, str] = {
     **storage_uri.PATTERN_HINTS,
+    **SERVING_PATTERN_HINTS,
     **object_storage.PATTERN_HINTS,
     ENV_NAME_PATTERN: "must be a C identifier (letters, digits, _; not starting with a digit)",
     DNS_SUBDOMAIN_PATTERN: "must be a lowercase DNS name (a-z, 0-9, '-', '.')",
@@ -164,19 +164,6 @@ def no_dot_dot(field: str, optional: bool = False) -> CrossFieldRule:
         field_path=f".{wire}",
         check=lambda m: getattr(m, field) is None or not has_dot_dot(getattr(m, field)),
     )
-
-
-class RuledModel(ApiModel):
-    """A model whose `__rules__` are checked in Python as well as by the apiserver."""
-
-    __rules__: ClassVar[tuple[CrossFieldRule, ...]] = ()
-
-    @model_validator(mode="after")
-    def _check_rules(self) -> Any:
-        for rule in rules_of(type(self)):
-            if not rule.transition and not rule.check(self):
-                raise ValueError(f"{RULE_MARK}{rule.field_path}{RULE_MARK}{rule.message}")
-        return self
 
 
 class ModelCacheSpec(ApiModel):
@@ -834,6 +821,44 @@ _S3_URI_CEL = (
 )
 
 
+_LORA_R_CEL = (
+    f"(has(self.method) && has(self.method.lora) && has(self.method.lora.r) ? self.method.lora.r : {LoraSpec().r})"
+)
+_FULL_CEL = f"(has(self.method) && {_adapts(MethodType.FULL, 'self.method')})"
+_MERGED_CEL = "(has(self.output.mergedModel) && self.output.mergedModel)"
+_SERVING_RULES = (
+    CrossFieldRule(
+        cel=f"!has(self.serving) || !has(self.serving.model) || self.serving.model == 'auto' || !{_FULL_CEL}",
+        message="a full fine-tune serves its model: leave serving.model at auto (adapter and merged are for "
+        "lora and qlora)",
+        field_path=".serving.model",
+        check=lambda s: s.serving is None or s.serving.model == ServedModel.AUTO or s.method.traits.has_adapter,
+    ),
+    CrossFieldRule(
+        cel=f"!has(self.serving) || !has(self.serving.model) || self.serving.model != 'merged' || {_MERGED_CEL}",
+        message="serving the merged model needs it exported: set output.mergedModel to true",
+        field_path=".serving.model",
+        check=lambda s: s.serving is None or s.serving.model != ServedModel.MERGED or s.output.merged_model,
+    ),
+    CrossFieldRule(
+        cel=f"!has(self.serving) || {_FULL_CEL} || (has(self.serving.model) && self.serving.model == 'merged') "
+        f"|| {_LORA_R_CEL} <= (has(self.serving.maxLoraRank) ? self.serving.maxLoraRank : {DEFAULT_MAX_LORA_RANK}) "
+        f"|| ((!has(self.serving.model) || self.serving.model == 'auto') && {_MERGED_CEL})",
+        message="method.lora.r is above serving.maxLoraRank, so the runtime cannot load the adapter: raise "
+        "serving.maxLoraRank (vLLM takes up to 512) or serve the merged model (serving.model: merged or auto, with "
+        "output.mergedModel: true)",
+        field_path=".serving.maxLoraRank",
+        check=lambda s: (
+            s.serving is None
+            or not s.method.traits.has_adapter
+            or s.serving.model == ServedModel.MERGED
+            or s.method.lora_or_default.r <= s.serving.max_lora_rank
+            or (s.serving.model == ServedModel.AUTO and s.output.merged_model)
+        ),
+    ),
+)
+
+
 class FineTuneJobSpec(RuledModel):
     """A fine-tuning run, as a user asks for it."""
 
@@ -844,6 +869,12 @@ class FineTuneJobSpec(RuledModel):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     deepspeed: DeepSpeedSpec = Field(default_factory=DeepSpeedSpec)
     output: OutputSpec
+    serving: ServingSpec | None = Field(
+        default=None,
+        description="What serves the result once the job succeeds: a KServe InferenceService or "
+        "LLMInferenceService, or a vLLM Deployment. Applied after success, not deleted with the job; a refusal "
+        "or a failed apply is the Serving condition and never fails the job.",
+    )
     image: Annotated[str, Field(max_length=512, pattern=IMAGE_PATTERN)] | None = Field(
         default=None, description="Trainer image; defaults to the operator's configured trainer image."
     )
@@ -902,6 +933,7 @@ class FineTuneJobSpec(RuledModel):
             field_path=".method.type",
             check=lambda s: s.dataset.format != DatasetFormat.PREFERENCE or s.method.objective != Objective.SFT,
         ),
+        *_SERVING_RULES,
         CrossFieldRule(
             cel=f"!has(self.model.adapter) || !has(self.method) || !{_adapts(MethodType.FULL, 'self.method')}",
             message="a full fine-tune trains every weight and takes no adapter: model.adapter needs lora or qlora "

@@ -13,6 +13,7 @@ from pydantic import Field
 
 from .base import ApiModel
 from .reasons import State
+from .serving import ServingStatus
 from .strategy import StrategyFields
 from .tracking import TrackingResult
 
@@ -185,5 +186,8 @@ class FineTuneJobStatus(ApiModel):
     )
     workers: Workers | None = None
     result: Result | None = None
+    serving: ServingStatus | None = Field(
+        default=None, description="What serves the result (spec.serving), applied after success."
+    )
     start_time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None
     completion_time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None

@@ -49,7 +49,9 @@ def _json(value: object) -> str:
 def config_files(job: FineTuneJob, plan: PlanStatus, hostfile: str | None = None) -> dict[str, str]:
     """File name → content for the config directory (a pure function)."""
     stable = {"name": job.name, "namespace": job.namespace}  # never uid/resourceVersion: they would roll the gang
-    spec_only = job.model_copy(update={"status": None, "metadata": job.metadata.model_validate(stable)})
+    # spec.serving is the operator's, after training: changing it must not restart the gang
+    spec = job.spec.model_copy(update={"serving": None})
+    spec_only = job.model_copy(update={"status": None, "metadata": job.metadata.model_validate(stable), "spec": spec})
     return {
         JOB_FILE: _json(spec_only.to_wire()),
         PLAN_FILE: _json(plan.to_wire()),
