@@ -42,6 +42,7 @@ from tests.support.prometheus_server import (
     scrape_config,
     wait_until,
 )
+from tests.support.s3 import BUCKET, committed_steps, job_storage, key_env, running_s3
 from tests.support.training_runs import METHODS, REPO, job_manifest, render_config, start_train
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -199,3 +200,50 @@ def test_stalled_nan_and_operator_down_alerts_fire_on_real_scrapes(
         assert labels["namespace"] == "ftjob-system" and labels["job"] == "finetune-operator", labels
     finally:
         prom.stop()
+
+
+def test_object_storage_alert_fires_while_the_store_is_away(tmp_path: Path) -> None:
+    target = TrainerTarget("uploads", free_port_pair())
+    operator_port = free_port()  # no operator here: its target is down, and nothing below reads it
+    prom = PrometheusServer(tmp_path, scrape_config(NAMESPACE, [target], operator_port, live_rules(tmp_path)))
+    with running_s3(tmp_path / "s3") as s3:
+        storage = job_storage(s3) | {"retryTimeoutSeconds": 300}
+        job = job_manifest(
+            "builtin://tiny-llama",
+            "builtin://reverse-words",
+            f"s3://{BUCKET}/runs/uploads",
+            dataset={"format": "messages", "maxSeqLength": 64, "validationSplit": 0.01},
+            training={"maxSteps": STEPS, "microBatchSize": 4, "globalBatchSize": 8, "precision": "fp32",
+                      "learningRate": 0.003, "checkpointEverySteps": 20},
+            objectStorage=storage,
+        )  # fmt: skip
+        job["metadata"]["name"] = target.finetune_job
+        config = render_config(tmp_path / "config-uploads", job)
+        env = {**key_env(s3), "FTJOB_METRICS_PORT": str(target.base_port), "FTJOB_POD_IP": "127.0.0.1"}
+        (tmp_path / "scratch").mkdir()
+        prom.start()
+        run = start_train(config, tmp_path / "scratch" / "output", env=env, tag="uploads")
+        try:
+            wait_until(lambda: (step_of(prom, target.finetune_job) or 0) >= 5, 600, "the job stepping")
+            assert not firing(prom, "FineTuneObjectStorageFailing"), "fired while the store answered"
+            failed = f'sum(finetune_object_storage_failed_attempts_total{{finetune_job="{target.finetune_job}"}})'
+            assert float(prom.query(failed)["data"]["result"][0]["value"][1]) == 0, "no attempt failed yet"
+            away = time.time()
+            s3.stop()
+            stopped = time.time() - away
+            wait_until(
+                lambda: bool(firing(prom, "FineTuneObjectStorageFailing", target.finetune_job)),
+                240,
+                "FineTuneObjectStorageFailing while the store is away",
+            )
+            took = time.time() - away
+            print(f"FineTuneObjectStorageFailing fired {took:.1f} s after stopping the store (stop: {stopped:.1f} s)")
+            (alert,) = firing(prom, "FineTuneObjectStorageFailing", target.finetune_job)
+            assert alert["labels"]["namespace"] == NAMESPACE and alert["annotations"]["runbook"]
+            assert float(prom.query(failed)["data"]["result"][0]["value"][1]) >= 5
+            s3.start()
+            assert run.wait(600) == 0, run.log()[-3000:]
+        finally:
+            run.kill()
+            prom.stop()
+        assert committed_steps(s3.client(), "runs/uploads"), "the checkpoints landed once the store was back"
