@@ -52,8 +52,19 @@ class TrainerTarget:
         return [f"127.0.0.1:{self.base_port + r}" for r in range(self.ranks)]
 
 
-def scrape_config(namespace: str, trainers: list[TrainerTarget], operator_port: int) -> dict[str, Any]:
-    return {
+def scrape_config(
+    namespace: str,
+    trainers: list[TrainerTarget],
+    operator_port: int,
+    rule_files: tuple[Path, ...] = (),
+    operator_labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Prometheus' configuration: the trainers with the PodMonitor's labels, the operator (with
+    `operator_labels`, e.g. the namespace a ServiceMonitor's target carries) and any rule files."""
+    operator_target: dict[str, Any] = {"targets": [f"127.0.0.1:{operator_port}"]}
+    if operator_labels:
+        operator_target["labels"] = dict(operator_labels)
+    config: dict[str, Any] = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [
             {
@@ -63,13 +74,12 @@ def scrape_config(namespace: str, trainers: list[TrainerTarget], operator_port: 
                     for t in trainers
                 ],
             },
-            {
-                "job_name": "finetune-operator",
-                "honor_labels": True,
-                "static_configs": [{"targets": [f"127.0.0.1:{operator_port}"]}],
-            },
+            {"job_name": "finetune-operator", "honor_labels": True, "static_configs": [operator_target]},
         ],
     }
+    if rule_files:
+        config["rule_files"] = [str(p) for p in rule_files]
+    return config
 
 
 class PrometheusServer:
@@ -114,6 +124,11 @@ class PrometheusServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """The active (pending or firing) alerts: labels, annotations, state, activeAt, value."""
+        with urllib.request.urlopen(f"{self.url}/api/v1/alerts", timeout=10) as response:
+            return list(json.loads(response.read())["data"]["alerts"])
 
     def query(self, expr: str, at: float | None = None) -> dict[str, Any]:
         """The raw API answer (status, data or error) of an instant query."""

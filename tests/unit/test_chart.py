@@ -31,6 +31,7 @@ ALL_ON = (
     "serviceMonitor.enabled=true",
     "podMonitor.enabled=true",
     "dashboards.enabled=true",
+    "prometheusRule.enabled=true",
     "helmTest.enabled=true",
     "operator.verbose=true",
 )
@@ -151,8 +152,13 @@ def test_every_object_is_namespaced_and_labelled(sets: tuple[str, ...]) -> None:
 
 @needs_helm
 def test_operator_disabled_leaves_what_does_not_need_it() -> None:
-    # Dashboards and the trainers' PodMonitor serve a Grafana/Prometheus whatever runs the operator.
-    assert {o["kind"] for o in render("operator.enabled=false", *ALL_ON)} == {"ConfigMap", "PodMonitor"}
+    # Dashboards, the trainers' PodMonitor and the jobs' alerts serve a Grafana/Prometheus whatever
+    # runs the operator.
+    assert {o["kind"] for o in render("operator.enabled=false", *ALL_ON)} == {
+        "ConfigMap",
+        "PodMonitor",
+        "PrometheusRule",
+    }
 
 
 @needs_helm
@@ -467,6 +473,34 @@ def test_dashboards_are_config_maps_with_the_files_verbatim(label: str, value: s
         assert data[path.name] == path.read_text().rstrip("\n")
         assert "{{" in data[path.name], "Grafana legends survive unescaped"
         json.loads(data[path.name])
+
+
+@needs_helm
+@pytest.mark.parametrize("operator", [True, False])
+def test_the_prometheus_rule_ships_the_rule_files_as_they_are(operator: bool) -> None:
+    # One source: the groups of rules/*.yaml, which the promtool unit tests read, reach the
+    # PrometheusRule unchanged (Prometheus' {{ $labels.x }} templates included); the operator's
+    # alerts only with the operator.
+    sets = (
+        "prometheusRule.enabled=true",
+        "prometheusRule.labels.release=kps",
+        f"operator.enabled={str(operator).lower()}",
+    )
+    rule = one(render(*sets), "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    assert rule["metadata"]["namespace"] == NAMESPACE
+    files = ["jobs.yaml", "operator.yaml"] if operator else ["jobs.yaml"]
+    groups = [g for f in files for g in yaml.safe_load((CHART / "rules" / f).read_text())["groups"]]
+    assert rule["spec"]["groups"] == groups
+    assert "{{ $labels.finetune_job }}" in rule["spec"]["groups"][0]["rules"][0]["annotations"]["summary"]
+
+
+@needs_helm
+def test_the_prometheus_rule_is_opt_in_and_can_live_with_prometheus() -> None:
+    assert not of_kind(render(), "PrometheusRule")
+    rule = one(render("prometheusRule.enabled=true", "prometheusRule.namespace=monitoring"), "PrometheusRule")
+    assert rule["metadata"]["namespace"] == "monitoring"
 
 
 @needs_helm

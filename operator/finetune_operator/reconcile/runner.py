@@ -177,7 +177,7 @@ class Reconciler:
             return self._write_invalid(decided, namespace)
         self._settle_model(decided.job)
         if not (apply_all or self._has_effects(decided, observed)):
-            self.census.record(decided.job.metadata.uid or "", namespace, decided.decision.status.state)
+            self._tally(decided)
             return Outcome(decided.decision, False, False, decided.decision.requeue_after)
         if self._acts_on_running_gang(decided, observed):
             # decide again on the newest object, never on a cache that may lag our own last status
@@ -251,8 +251,20 @@ class Reconciler:
             self.cluster.delete_job(job.namespace, job.name)
             for event in decision.events:
                 self.sink(body, event)
-        self.census.record(job.metadata.uid or "", job.namespace, decision.status.state)
+        self._tally(decided)
         return Outcome(decision, wrote, applied, decision.requeue_after)
+
+    def _tally(self, change: StatusChange) -> None:
+        """The job's headline state, gang restarts and state's start, for the operator's metrics."""
+        meta, status = change.body.get("metadata", {}), change.decision.status
+        self.census.record(
+            str(meta.get("uid", "")),
+            str(meta.get("namespace", "")),
+            status.state,
+            name=str(meta.get("name", "")),
+            restarts=status.restarts,
+            since=metrics.state_since(status, meta.get("creationTimestamp")),
+        )
 
     def _settle_model(self, job: FineTuneJob) -> None:
         """What reading the model asked for: create the inspector pod, keep what was read in the job's
@@ -412,7 +424,7 @@ class Reconciler:
         if wrote:
             failed = [c for c in decision.status.conditions if c.type == ConditionType.FAILED]
             self.sink(change.body, Event("Warning", R.INVALID_SPEC, failed[0].message if failed else "invalid spec"))
-        self.census.record(str(change.body.get("metadata", {}).get("uid", "")), namespace, decision.status.state)
+        self._tally(change)
         return Outcome(decision, wrote, False, None)
 
     @staticmethod

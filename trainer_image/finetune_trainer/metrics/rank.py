@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from finetune_trainer.metrics.comm import CommMetrics, OpTotals, deltas
 from finetune_trainer.metrics.memory import MemoryMetrics
 from finetune_trainer.metrics.progress import ProgressMetrics
+from finetune_trainer.metrics.storage import ObjectStorageCollector
 
 STEP_LOG_ENV = "FTJOB_METRICS_STEP_LOG"
 ALTERNATE_ENV = "FTJOB_METRICS_ALTERNATE"
@@ -46,6 +47,7 @@ class RankMetrics:
         self.progress = ProgressMetrics(registry, info)
         self.memory = MemoryMetrics(registry, self.rank, on_gpu, planned)
         self.comm = CommMetrics(registry, on_gpu=on_gpu)
+        registry.register(ObjectStorageCollector())
         if comm:
             self.comm.install()
         self._step_start: dict[str, OpTotals] = self.comm.totals.snapshot()

@@ -11,7 +11,10 @@ layer over boto3 that adds what the trainer needs and boto3 leaves to its caller
 - downloads land under a temporary name and are renamed when complete, so a killed download
   never leaves a file that reads as whole;
 - deletions are confined to a prefix the caller owns (`delete(keys, within=...)`), and a key
-  never names a local file outside the folder it is copied into (`confined`).
+  never names a local file outside the folder it is copied into (`confined`);
+- every failed attempt but a "not found" is tallied by kind in `FAILED_ATTEMPTS` (this
+  process's, read by the rank's exporter as `finetune_object_storage_failed_attempts_total`),
+  so an alert can tell a store that keeps failing before the deadline ends the job.
 
 Connection settings come from the pod's environment (the operator renders them from
 `spec.objectStorage` and its own defaults) and, for `ftjob run`, from the spec itself.
@@ -22,7 +25,9 @@ from __future__ import annotations
 import logging
 import os
 import random
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +58,27 @@ ACCESS_DENIED_CODES = frozenset(
 )
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
+FAILURE_KINDS = ("transient", "denied")
+"""The failed attempts tallied: retried ones, and refused credentials ("missing" answers a probe)."""
+
+
+class FailedAttempts:
+    """Failed attempts of this process's object-store calls, by kind (a counter: it only grows)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+
+    def add(self, kind: str) -> None:
+        with self._lock:
+            self._counts[kind] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {kind: self._counts[kind] for kind in FAILURE_KINDS}
+
+
+FAILED_ATTEMPTS = FailedAttempts()
 
 
 class StoreError(TrainerError, RuntimeError):
@@ -215,6 +241,8 @@ class ObjectStore:
             except Exception as exc:
                 kind = classify(exc)
                 detail = _describe(exc)
+                if kind in FAILURE_KINDS:
+                    FAILED_ATTEMPTS.add(kind)
                 if kind == "denied":
                     secret = self.conn.credentials_secret
                     source = f"the keys of Secret {secret!r}" if secret else "the pod's credentials"
