@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from finetune_operator.reconcile.cluster_io import Conflict
+from finetune_operator.reconcile.cluster_io import ChildWriteError, Conflict
 from finetune_operator.reconcile.decision import Event
 from finetune_operator.reconcile.runner import EventSink, Reconciler
 from finetune_operator.render.options import RenderOptions
@@ -40,6 +40,10 @@ class FakeCluster:
         self.reads = 0
         """How often the Reconciler read the job (`read_job`)."""
         self.applied: list[list[dict[str, Any]]] = []
+        self.served: list[tuple[list[dict[str, Any]], str]] = []
+        """Each `apply_served` call: the serving objects and the job uid."""
+        self.serving_error: ChildWriteError | None = None
+        """Raised by `apply_served` when set (KServe not installed, an object of another job)."""
         self.owner_uids: list[str] = []
         self.deleted_pods: list[list[tuple[str, str]]] = []
         self.warnings: dict[str, str] = {}
@@ -58,6 +62,11 @@ class FakeCluster:
     def apply(self, objects: Iterable[dict[str, Any]], owner_uid: str) -> None:
         self.applied.append(list(objects))
         self.owner_uids.append(owner_uid)
+
+    def apply_served(self, objects: Iterable[dict[str, Any]], job_uid: str) -> None:
+        if self.serving_error is not None:
+            raise self.serving_error
+        self.served.append((list(objects), job_uid))
 
     def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
         self.deleted_pods.append(list(pods))

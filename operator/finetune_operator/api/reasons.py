@@ -18,6 +18,7 @@ class ConditionType(StrEnum):
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    SERVING = "Serving"
 
 
 class State(StrEnum):
@@ -60,6 +61,9 @@ EVICTED = "Evicted"
 PREEMPTED = "Preempted"
 """The ranks stopped on SIGTERM (an eviction, a node drain, a spot reclaim) after saving a checkpoint."""
 WORKLOAD_CHANGED = "WorkloadChanged"
+SERVING_APPLIED = "ServingApplied"
+SERVING_REFUSED = "ServingRefused"
+SERVING_NOT_APPLIED = "ServingNotApplied"
 TRACKING_FAILING = "TrackingFailing"
 TRACKING_RECOVERED = "TrackingRecovered"
 TRACKING_INCOMPLETE = "TrackingIncomplete"

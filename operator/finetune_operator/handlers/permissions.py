@@ -38,6 +38,19 @@ REQUIRED: tuple[Permission, ...] = (
     ),
     Permission("", "persistentvolumeclaims", ("get",), "check a multi-node job's claims are ReadWriteMany"),
     Permission("", "events", ("create", "list"), "report transitions; read why a pod waits"),
+    Permission("apps", "deployments", ("get", "create", "patch"), "spec.serving target Deployment: vLLM serving"),
+    Permission(
+        "serving.kserve.io",
+        "inferenceservices",
+        ("get", "create", "patch"),
+        "spec.serving target InferenceService (KServe)",
+    ),
+    Permission(
+        "serving.kserve.io",
+        "llminferenceservices",
+        ("get", "create", "patch"),
+        "spec.serving target LLMInferenceService (KServe)",
+    ),
 )
 
 OPTIONAL: tuple[Permission, ...] = (

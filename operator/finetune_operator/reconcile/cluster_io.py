@@ -25,6 +25,7 @@ from urllib3.exceptions import HTTPError
 
 from ..api.job import GROUP, KIND, PLURAL, VERSION
 from ..render.identity import FIELD_MANAGER
+from ..render.serving.objects import SERVED_JOB_UID_ANNOTATION
 from .observed import controller_uid
 
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -36,6 +37,12 @@ TIMEOUT = 15
 NOT_OURS = (
     "exists and is not controlled by this job; the operator never takes over an object it did not create: "
     "delete it or rename the job"
+)
+
+
+NOT_SERVED_BY_JOB = (
+    "exists and was not applied for this job (no finetune.dev/served-job-uid annotation of its uid); the "
+    "operator never takes over a serving object it did not create: delete it or set spec.serving.name"
 )
 
 
@@ -62,6 +69,10 @@ class ClusterIO(Protocol):
     def apply(self, objects: Iterable[dict[str, Any]], owner_uid: str) -> None:
         """Server-side apply the job's children (owned by the job of uid `owner_uid`); a child
         that cannot be written raises `ChildWriteError`."""
+
+    def apply_served(self, objects: Iterable[dict[str, Any]], job_uid: str) -> None:
+        """Server-side apply the objects that serve the job's result (not owned by it); one of the
+        same name that another job (or someone) made raises `ChildWriteError`."""
 
     def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
         """Delete the given (name, uid) pods; one gone or replaced meanwhile is skipped."""
@@ -126,6 +137,25 @@ class KubernetesClusterIO:
                     raise ChildWriteError(kind, name, None, NOT_OURS, conflict=True)
                 uid = (existing.get("metadata") or {}).get("uid")
                 self._apply_one({**obj, "metadata": {**obj["metadata"], "uid": uid}}, force=True)
+            except ApiException as exc:
+                raise ChildWriteError(kind, name, exc.status, _api_message(exc)) from exc
+            except HTTPError as exc:
+                raise ChildWriteError(kind, name, None, f"{type(exc).__name__}: {exc}") from exc
+
+    def apply_served(self, objects: Iterable[dict[str, Any]], job_uid: str) -> None:
+        """Apply the serving objects: created when absent, applied over (forced, naming its uid)
+        only when the existing one carries this job's uid annotation."""
+        for obj in objects:
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            try:
+                existing = self._read_child(obj)
+                if existing is None:
+                    self._apply_one(obj, force=False)
+                    continue
+                meta = existing.get("metadata") or {}
+                if not job_uid or (meta.get("annotations") or {}).get(SERVED_JOB_UID_ANNOTATION) != job_uid:
+                    raise ChildWriteError(kind, name, None, NOT_SERVED_BY_JOB, conflict=True)
+                self._apply_one({**obj, "metadata": {**obj["metadata"], "uid": meta.get("uid")}}, force=True)
             except ApiException as exc:
                 raise ChildWriteError(kind, name, exc.status, _api_message(exc)) from exc
             except HTTPError as exc:

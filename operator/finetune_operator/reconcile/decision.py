@@ -70,6 +70,8 @@ class Effects:
     delete_workload: bool = False
     """Delete the job's Workload, its gang being stopped: its size or requests changed (a new one is
     made), or the job is suspended (its quota goes back; resuming queues it again)."""
+    serve: tuple[dict[str, Any], ...] = ()
+    """The serving objects to apply (`spec.serving`, after success): not owned by the job."""
 
 
 @dataclass(frozen=True, kw_only=True)

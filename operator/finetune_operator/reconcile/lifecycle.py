@@ -24,6 +24,7 @@ from .policies import (
     planning,
     preemption,
     queueing,
+    serving,
     success,
     suspend,
     ttl,
@@ -54,7 +55,7 @@ def decide(job: FineTuneJob, observed: Observed, now: datetime, *, planner: Plan
 
 def _gates(inputs: Inputs, b: StatusBuilder) -> Cleared | Effects:
     if (finished := ttl.gate(inputs, b)) is not None:
-        return finished
+        return finished if finished.delete_job else serving.after_success(inputs, b, finished)
     if isinstance(plan := planning.plan(inputs, b), Effects):
         return plan
     if (suspended := suspend.gate(inputs, b, plan)) is not None:

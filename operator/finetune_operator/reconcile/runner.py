@@ -40,7 +40,7 @@ from .kueue_writes import KueueWrites
 from .lifecycle import decide
 from .model_sources import HubSettings, ModelSources
 from .observed import Observed
-from .policies import child_write
+from .policies import child_write, serving
 from .progress import Sample, fetch, parse, to_progress
 from .salvage import invalid_spec_status, salvage_status
 from .tracking import TrackingReport, parse_report
@@ -197,6 +197,7 @@ class Reconciler:
                 return Outcome(decided.decision, False, False, None)  # lost a race: the next pass decides again
             decided, stored_first = stored, True
         decided, applied = self._apply_children(decided, apply_all, now)
+        decided = self._apply_serving(decided, now)
         decided = self._write_workload(decided, observed, now)
         return self._write_and_delete(decided, observed, stored_first, applied)
 
@@ -222,6 +223,19 @@ class Reconciler:
             log.warning("job %s/%s: %s", job.namespace, job.name, exc)
             return decided.amended(child_write.amend(job, decision, exc, now)), False
         return decided, True
+
+    def _apply_serving(self, decided: Decided, now: datetime) -> Decided:
+        """Apply what serves the result (`Effects.serve`); one that cannot be applied becomes the
+        `Serving` condition, retried later, never the job's failure."""
+        job, decision = decided.job, decided.decision
+        if not decision.serve:
+            return decided
+        try:
+            self.cluster.apply_served(decision.serve, job.metadata.uid or "")
+        except ChildWriteError as exc:
+            log.warning("job %s/%s: serving: %s", job.namespace, job.name, exc)
+            return decided.amended(serving.not_applied(job, decision, exc, now))
+        return decided
 
     def _write_workload(self, decided: Decided, observed: Observed, now: datetime) -> Decided:
         """Kueue's side of the decision; a Workload that cannot be created becomes its status."""
