@@ -5,7 +5,9 @@ Why: when a real trainer rank fails on a process node, the first thing anyone ty
 port>/containerLogs/<ns>/<pod>/<container>`; it does not verify the kubelet's certificate
 unless `--kubelet-certificate-authority` is set (the local cluster does not set it), so a
 self-signed certificate on 127.0.0.1 is enough. Logs are the files the agent writes, one
-per container, appended across restarts (`previous=true` is answered with the same file).
+per container, appended across restarts; as a kubelet does, a request gets the current run of the
+container (from the offset where it started, `<container>.log.starts`) and `previous=true` the
+run before it.
 `follow=true` streams as a kubelet does: until the container stops running (the stream then
 ends, after its last bytes), the client goes away, or `FOLLOW_LIMIT_S` passes. `kubectl logs -f`
 and the client's `logs(follow=True)` rely on that end to notice a restarted or replaced pod.
@@ -63,6 +65,15 @@ Running = Callable[[Path, str], bool]
 """`running(pod_dir, container)`: whether that container of the pod in `pod_dir` runs now."""
 
 
+def _run_bounds(log: Path, previous: bool) -> tuple[int, int | None]:
+    """The byte range of the current (or previous) run of the container within its log file."""
+    starts_file = log.with_name(log.name + ".starts")
+    starts = [int(s) for s in starts_file.read_text().split()] if starts_file.exists() else [0]
+    if not previous:
+        return starts[-1], None
+    return (starts[-2], starts[-1]) if len(starts) > 1 else (starts[-1], starts[-1])
+
+
 class _Handler(BaseHTTPRequestHandler):
     pods_dir: Path
     running: Running | None = None
@@ -83,10 +94,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         data = log.read_bytes()
         offset = len(data)  # what was read, not the size now: bytes written since are streamed below
+        begin, end = _run_bounds(log, previous=query.get("previous", ["false"])[0] == "true")
+        data = data[begin:end]
         if "tailLines" in query:
             data = b"".join(data.splitlines(keepends=True)[-int(query["tailLines"][0]) :])
         self.wfile.write(data)
-        if query.get("follow", ["false"])[0] != "true":
+        if query.get("follow", ["false"])[0] != "true" or end is not None:
             return
         deadline = time.monotonic() + FOLLOW_LIMIT_S
         while time.monotonic() < deadline:
