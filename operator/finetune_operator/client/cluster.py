@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import builtins
 import ipaddress
+import os
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -357,20 +358,18 @@ class FineTuneClient:
 
 
 def _connect(kubeconfig: str | Path | None, context: str | None) -> tuple[kubernetes.client.ApiClient, str]:
-    try:
-        _contexts, active = kubernetes.config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
-            config_file=str(kubeconfig) if kubeconfig else None
-        )
-    except kubernetes.config.ConfigException:
-        if kubeconfig is not None:
-            raise
+    """A client and the namespace of the chosen context. $KUBECONFIG is read now, not when
+    `kubernetes` was imported (it reads it then): a notebook may set it after its imports."""
+    path = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    if kubeconfig is None and not os.environ.get("KUBECONFIG") and not Path(path).exists():
+        if not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            raise ApiError(0, "NoConfiguration", f"no kubeconfig ({path}, $KUBECONFIG) and not inside a cluster")
         kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
         service_account = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
         return kubernetes.client.ApiClient(), service_account.read_text().strip() or "default"
-    client = kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=str(kubeconfig) if kubeconfig else None, context=context
-    )
-    chosen = next((c for c in _contexts if c["name"] == context), active) if context is not None else active
+    contexts, active = kubernetes.config.list_kube_config_contexts(config_file=path)  # type: ignore[no-untyped-call]
+    client = kubernetes.config.new_client_from_config(config_file=path, context=context)  # type: ignore[no-untyped-call]
+    chosen = next((c for c in contexts if c["name"] == context), active) if context is not None else active
     return client, (chosen.get("context") or {}).get("namespace") or "default"
 
 
