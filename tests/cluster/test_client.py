@@ -10,6 +10,7 @@ created suspended (it never takes a pod) serves the cheap calls: suspend, resume
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -199,7 +200,7 @@ def test_suspend_resume_list_delete(kube: Kube, kubeconfig: Path, operator: Oper
 
 
 def test_a_refused_spec_carries_the_apiservers_field_messages(
-    kube: Kube, kubeconfig: Path, crd: dict[str, Any], tmp_path: Path
+    kube: Kube, kubeconfig: Path, local_cluster: LocalCluster, crd: dict[str, Any], tmp_path: Path
 ) -> None:
     with namespaces(kube, "t-client-refused") as make, FineTuneClient(make(), kubeconfig=kubeconfig) as client:
         doc = job_document()
@@ -225,6 +226,15 @@ def test_a_refused_spec_carries_the_apiservers_field_messages(
         submitted = ftjob(kubeconfig, "submit", "-f", str(path), "-n", client.namespace)
         assert submitted.returncode == 2 and submitted.stderr.splitlines() == local.value.problems, submitted.stderr
         assert client.list() == []
+        # `kubectl ftjob` is the same program (kubectl finds kubectl-ftjob beside this Python)
+        env = {**os.environ, **local_cluster.env()}
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+        plugin = subprocess.run(
+            ["kubectl", "ftjob", "wait", "nothing", "--timeout", "2s", "-n", client.namespace],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert plugin.returncode == 3, (plugin.stdout, plugin.stderr)
+        assert plugin.stderr == f"error: finetunejob {client.namespace}/nothing not found\n"
 
 
 def ftjob_plain(*args: str) -> subprocess.CompletedProcess[str]:
