@@ -64,6 +64,6 @@ def test_the_walkthrough_runs(
     assert f"submitted tiny-cpu to {restricted_namespace}" in out, out
     assert names["done"].status.state == "Succeeded" and names["result"].steps == STEPS, out
     assert f"step {STEPS}/{STEPS} loss " in out, out
-    assert "adapter: /mnt/pvc/ftjob-output/tiny-cpu/adapter" in out, out
+    assert "adapter: pvc://ftjob-output/tiny-cpu/adapter" in out, out
     assert "['metadata.labels: Invalid value: " in out, out
     assert f"locally: Succeeded {STEPS} steps" in out, out

@@ -209,7 +209,7 @@ def test_describe_text() -> None:
     assert "State:       Succeeded" in text
     assert "  weights               1.00 GiB    512.0 MiB\n" in text
     assert "  total                 2.00 GiB            -\n" in text
-    assert "  saved to    pvc://out/demo/adapter" in text and "  eval loss   3.0000 -> 1.0000" in text
+    assert "  adapter     pvc://out/demo/adapter\n" in text and "  eval loss   3.0000 -> 1.0000" in text
     assert "  steps       40, 12,345 tokens in 1m01s" in text
     assert job.status is not None
     running = job.model_copy(update={"status": job.status.model_copy(update={"state": "Running"})})

@@ -82,8 +82,10 @@ def describe(
     result = status.result
     if result is not None and state_of(job) == "Succeeded":
         lines.append("Result:")
-        if result.adapter_uri or result.merged_model_uri:
-            lines.append(f"  saved to    {result.adapter_uri or result.merged_model_uri}")
+        for label, uri in (("adapter", result.adapter_uri), ("model", result.model_uri),
+                           ("merged", result.merged_model_uri)):  # fmt: skip
+            if uri:
+                lines.append(f"  {label:<11} {uri}")
         if result.final_loss is not None:
             lines.append(f"  final loss  {result.final_loss:.4f}")
         if result.eval_loss is not None:
