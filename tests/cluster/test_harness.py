@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -502,3 +503,49 @@ def test_a_control_plane_component_that_exits_is_started_again(
     kube.create(f"/api/v1/namespaces/{namespace}/pods", pod)
     bound = wait_for(lambda: kube.get(pod_path(namespace, "after-restart"))["spec"].get("nodeName"), 60, "a binding")
     assert bound.startswith("kwok-gpu-")
+
+
+def test_a_followed_log_ends_when_its_container_stops(kube: Kube, local_cluster: LocalCluster, namespace: str) -> None:
+    """`kubectl logs -f` ends as with a real kubelet: after the container's last line, once it has
+    exited (the SDK's and `ftjob logs -f`'s way of noticing a restart relies on it)."""
+    script = "import time\nfor i in range(4):\n    print('tick', i, flush=True)\n    time.sleep(1)\n"
+    kube.create(f"/api/v1/namespaces/{namespace}/pods", process_pod("ticker", script))
+    wait_for(lambda: phase(kube, namespace, "ticker", "Running", "Succeeded"), WAIT_S, "pod to start")
+    env = {**os.environ, **local_cluster.env()}
+    started = time.monotonic()
+    out = subprocess.run(
+        ["kubectl", "logs", "-f", "-n", namespace, "ticker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [f"tick {i}" for i in range(4)], out.stdout
+    assert time.monotonic() - started < 30  # it ended with the container, not at the follow limit (an hour)
+
+
+def test_logs_are_the_current_run_and_previous_the_one_before(
+    kube: Kube, local_cluster: LocalCluster, namespace: str, tmp_path: Path
+) -> None:
+    """As a kubelet: a restarted container's log is its current run; `--previous` is the run before."""
+    runs = tmp_path / "runs"
+    script = f"""
+        import pathlib, sys
+        runs = pathlib.Path({str(runs)!r})
+        n = int(runs.read_text()) if runs.exists() else 0
+        runs.write_text(str(n + 1))
+        print("run", n, flush=True)
+        sys.exit(1 if n == 0 else 0)
+    """
+    kube.create(f"/api/v1/namespaces/{namespace}/pods", process_pod("twice", script, restart_policy="OnFailure"))
+    wait_for(lambda: phase(kube, namespace, "twice", "Succeeded"), WAIT_S, "the second run to succeed")
+    env = {**os.environ, **local_cluster.env()}
+
+    def logs(*flags: str) -> str:
+        command = ["kubectl", "logs", "-n", namespace, "twice", *flags]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=30, check=True).stdout
+
+    assert logs() == "run 1\n"
+    assert logs("--previous") == "run 0\n"

@@ -19,6 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run_cmd", "run a job's training on this machine (CPU or GPU) with DeepSpeed"),
     "operator": ("operator_cmd", "run the operator (watches FineTuneJobs)"),
     "train": ("train_cmd", "the training entrypoint inside each pod"),
+    "submit": ("submit_cmd", "create a FineTuneJob from a file; --wait for it, --follow its log"),
+    "logs": ("logs_cmd", "print (-f: follow, across restarts) the trainer log of a job's rank"),
+    "wait": ("wait_cmd", "wait until a job is Succeeded (or --for another state), with live progress"),
+    "describe": ("describe_cmd", "a job's state, progress, ETA, plan vs measured memory, events and result"),
     "inspect-model": ("inspect_cmd", "read a model's config.json and file sizes (the operator's inspector pod)"),
 }
 

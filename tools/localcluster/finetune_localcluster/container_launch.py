@@ -62,6 +62,10 @@ def launch(run: PodRun, c: Container, env: dict[str, str]) -> None:
     workdir = c.spec.get("workingDir") or "/"
     lines += [f"mkdir -p {shlex.quote(workdir)}", f"cd {shlex.quote(workdir)}", 'exec "$@"']
     with open(run.dir / f"{c.name}.log", "ab") as log:
+        # Where this run of the container starts in its log: a kubelet serves the current run's
+        # log, and the previous run's with `previous=true` (kubelet_api.py reads these offsets).
+        with open(run.dir / f"{c.name}.log.starts", "a") as starts:
+            starts.write(f"{log.seek(0, os.SEEK_END)}\n")
         c.proc = subprocess.Popen(
             with_parent_death_signal(
                 [

@@ -5,8 +5,12 @@ Why: when a real trainer rank fails on a process node, the first thing anyone ty
 port>/containerLogs/<ns>/<pod>/<container>`; it does not verify the kubelet's certificate
 unless `--kubelet-certificate-authority` is set (the local cluster does not set it), so a
 self-signed certificate on 127.0.0.1 is enough. Logs are the files the agent writes, one
-per container, appended across restarts (`previous=true` is answered with the same file).
-`follow=true` streams until the client goes away or `FOLLOW_LIMIT_S` passes.
+per container, appended across restarts; as a kubelet does, a request gets the current run of the
+container (from the offset where it started, `<container>.log.starts`) and `previous=true` the
+run before it.
+`follow=true` streams as a kubelet does: until the container stops running (the stream then
+ends, after its last bytes), the client goes away, or `FOLLOW_LIMIT_S` passes. `kubectl logs -f`
+and the client's `logs(follow=True)` rely on that end to notice a restarted or replaced pod.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -56,8 +61,22 @@ def find_log(pods_dir: Path, ns: str, pod: str, container: str) -> Path | None:
     return max(logs, key=lambda p: p.stat().st_mtime, default=None)
 
 
+Running = Callable[[Path, str], bool]
+"""`running(pod_dir, container)`: whether that container of the pod in `pod_dir` runs now."""
+
+
+def _run_bounds(log: Path, previous: bool) -> tuple[int, int | None]:
+    """The byte range of the current (or previous) run of the container within its log file."""
+    starts_file = log.with_name(log.name + ".starts")
+    starts = [int(s) for s in starts_file.read_text().split()] if starts_file.exists() else [0]
+    if not previous:
+        return starts[-1], None
+    return (starts[-2], starts[-1]) if len(starts) > 1 else (starts[-1], starts[-1])
+
+
 class _Handler(BaseHTTPRequestHandler):
     pods_dir: Path
+    running: Running | None = None
 
     def log_message(self, format: str, *args: object) -> None:
         return
@@ -74,13 +93,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/plain")
         self.end_headers()
         data = log.read_bytes()
+        offset = len(data)  # what was read, not the size now: bytes written since are streamed below
+        begin, end = _run_bounds(log, previous=query.get("previous", ["false"])[0] == "true")
+        data = data[begin:end]
         if "tailLines" in query:
             data = b"".join(data.splitlines(keepends=True)[-int(query["tailLines"][0]) :])
         self.wfile.write(data)
-        if query.get("follow", ["false"])[0] != "true":
+        if query.get("follow", ["false"])[0] != "true" or end is not None:
             return
-        offset, deadline = log.stat().st_size, time.monotonic() + FOLLOW_LIMIT_S
+        deadline = time.monotonic() + FOLLOW_LIMIT_S
         while time.monotonic() < deadline:
+            alive = self.running is None or self.running(log.parent, parts[3])  # asked before the read: no lost tail
             with open(log, "rb") as f:
                 f.seek(offset)
                 chunk = f.read()
@@ -91,12 +114,16 @@ class _Handler(BaseHTTPRequestHandler):
                     self.wfile.flush()
                 except OSError:
                     return
+            elif not alive:
+                return  # the container had stopped and its last bytes are sent: the stream ends
             time.sleep(0.3)
 
 
-def serve_logs(pods_dir: Path) -> tuple[ThreadingHTTPServer, int]:
-    """Start the log server on 127.0.0.1 (free port) in a daemon thread; returns it and its port."""
-    handler = type("Handler", (_Handler,), {"pods_dir": pods_dir})
+def serve_logs(pods_dir: Path, running: Running | None = None) -> tuple[ThreadingHTTPServer, int]:
+    """Start the log server on 127.0.0.1 (free port) in a daemon thread; returns it and its port.
+    With `running`, a followed log ends when its container stops (else it streams until the limit)."""
+    attributes = {"pods_dir": pods_dir, "running": staticmethod(running) if running else None}
+    handler = type("Handler", (_Handler,), attributes)
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -126,7 +126,7 @@ class ProcessNode:
     # -- main loop -------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         (self.workdir / "pods").mkdir(parents=True, exist_ok=True)
-        server, self.kubelet_port = serve_logs(self.workdir / "pods")
+        server, self.kubelet_port = serve_logs(self.workdir / "pods", self.container_running)
         self.register()
         while not stop.is_set():
             try:
@@ -138,6 +138,15 @@ class ProcessNode:
             stop.wait(POLL_S)
         server.shutdown()
         self.shutdown()
+
+    def container_running(self, pod_dir: Path, container: str) -> bool:
+        """Whether `container` of the pod kept in `pod_dir` has a live process (the log server's
+        thread asks; a container that exited, a pod stopped or forgotten, is not running)."""
+        for run in list(self.pods.values()):
+            if run.dir == pod_dir:
+                proc = next((c.proc for c in run.inits + run.ctrs if c.name == container), None)
+                return proc is not None and proc.poll() is None
+        return False
 
     def sync(self) -> None:
         self._ns_pods = {}
