@@ -1,17 +1,20 @@
 """End to end: a job with `spec.serving` trains to success through the operator, and the
 operator applies its InferenceService into an apiserver that has KServe's real CRDs (v0.16.0).
 
-The tiny demo job (examples/tiny-cpu.yaml, two steps) exports its merged model and serves it
-(`serving.model: merged`: the tiny random model exists only in the trainer, so there is no base
-a runtime could load an adapter onto). Before it finishes, an InferenceService of the same name
-that the job did not make is in the way: the job still succeeds, the `Serving` condition says
-why nothing was applied, and once that object is gone the operator's retry applies its own. The
+The tiny demo job (examples/tiny-cpu.yaml, six steps) exports its merged model; while it trains,
+`FineTuneClient.serve` asks for it to be served (`serving.model: merged`: the tiny random model
+exists only in the trainer, so there is no base a runtime could load an adapter onto), which
+does not restart the gang. An InferenceService of the same name that the job did not make is in
+the way: the job still succeeds, the `Serving` condition says why nothing was applied, and once
+that object is gone `ftjob serve --wait` returns when the operator's retry has applied its own. The
 served object names the merged model's `pvc://` URI from `status.result`, is not owned by the
 job, and outlives it. KServe's controllers do not run here, so nothing serves the model (a real
 vLLM serving a trained adapter: tests/images/test_vllm_serving.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +24,7 @@ import yaml
 from finetune_localcluster import Kube, KubeError, LocalCluster, wait_for
 from finetune_localcluster.devtools import OperatorProcess, bind_claim, kubectl
 from finetune_localcluster.kserve import install
+from finetune_operator.client import FineTuneClient
 from tests.cluster.operator_harness import Jobs, namespaces
 from tests.cluster.process_jobs import CLAIM, tiny_job
 
@@ -37,10 +41,9 @@ def test_a_succeeded_job_is_served_and_its_inference_service_outlives_it(
         jobs = Jobs(kube, make(restricted=True))
         ns = jobs.ns
         bind_claim(kube, ns, CLAIM)
-        doc = tiny_job(ns, max_steps=2, checkpoint_every=2)
+        doc = tiny_job(ns, max_steps=6, checkpoint_every=6)
         name = doc["metadata"]["name"]
         doc["spec"]["output"]["mergedModel"] = True
-        doc["spec"]["serving"] = {"target": "InferenceService", "model": "merged", "gpus": 0}
         foreign = {  # someone's InferenceService of the name the job serves under
             "apiVersion": "serving.kserve.io/v1beta1",
             "kind": "InferenceService",
@@ -49,6 +52,10 @@ def test_a_succeeded_job_is_served_and_its_inference_service_outlives_it(
         }
         kube.create(ISVC.format(ns=ns), foreign)
         kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(doc))
+        jobs.wait_state("Running", name=name, timeout=300)
+        # asked for while it trains, through the SDK: the gang is not restarted for it
+        with FineTuneClient(ns, kubeconfig=kubeconfig) as client:
+            client.serve(name, "InferenceService", model="merged", gpus=0)
         try:
             status = jobs.wait(
                 lambda s: any(c["type"] == "Serving" for c in s.get("conditions", [])), "a Serving condition", name, 600
@@ -57,13 +64,21 @@ def test_a_succeeded_job_is_served_and_its_inference_service_outlives_it(
             print(jobs.describe(name), "\noperator log:", operator.log_tail())
             raise
         serving = next(c for c in status["conditions"] if c["type"] == "Serving")
-        assert status["state"] == "Succeeded", status
+        assert status["state"] == "Succeeded" and status["restarts"] == 0, status
         assert (serving["status"], serving["reason"]) == ("False", "ServingNotApplied"), serving
         assert "not applied for this job" in serving["message"], serving
         assert kube.get(f"{ISVC.format(ns=ns)}/{name}")["spec"]["predictor"]["model"]["storageUri"] == "hf://a/b"
 
         kube.delete(f"{ISVC.format(ns=ns)}/{name}")  # out of the way: the operator's retry (30 s) applies its own
-        status = jobs.wait(lambda s: bool(s.get("serving")), "status.serving", name, 120)
+        served_cli = subprocess.run(
+            [sys.executable, "-m", "finetune_operator.cli.main", "serve", name, "--target", "InferenceService",
+             "--model", "merged", "--gpus", "0", "--wait", "2m", "--namespace", ns, "--kubeconfig", str(kubeconfig)],
+            capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+        assert served_cli.returncode == 0, served_cli.stderr
+        assert f"InferenceService/{name} serves the merged" in served_cli.stdout, served_cli.stdout
+        assert f"http://{name}-predictor.{ns}.svc.cluster.local/openai/v1" in served_cli.stdout
+        status = jobs.status(name)
         served = kube.get(f"{ISVC.format(ns=ns)}/{name}")
         merged = status["result"]["mergedModelUri"]
         assert merged == f"pvc://{CLAIM}/{name}/merged", status["result"]

@@ -97,11 +97,31 @@ def describe(
         if result.steps is not None:
             wall = f" in {format_duration(result.wall_seconds)}" if result.wall_seconds is not None else ""
             lines.append(f"  steps       {result.steps}, {result.tokens or 0:,} tokens{wall}")
+    lines.extend(_serving(job))
     lines.append(f"Events (last {min(last, len(events))} of {len(events)}):")
     for event in events[-last:] if last > 0 else []:
         count = f" (x{event.count})" if event.count > 1 else ""
         lines.append(f"  {event.last_time}  {event.type:<7} {event.reason}{count}: {event.message}"[:300])
     return "\n".join(lines)
+
+
+def _serving(job: FineTuneJob) -> list[str]:
+    """What serves the result (`status.serving`), or why nothing does (the Serving condition)."""
+    status = job.status
+    condition = next((c for c in status.conditions if c.type == "Serving"), None) if status else None
+    if job.spec.serving is None or status is None:
+        return []
+    lines = [f"Serving:     {job.spec.serving.target}"]
+    if status.serving is not None:
+        objects = ", ".join(f"{o.kind}/{o.name}" for o in status.serving.objects)
+        lines.append(f"  {objects}: the {status.serving.served} as {status.serving.model_name!r}")
+        if status.serving.url:
+            lines.append(f"  url         {status.serving.url}")
+    if condition is not None and condition.status != "True":
+        lines.append(f"  {condition.reason}: {condition.message}")
+    elif condition is None:
+        lines.append("  applied once the job succeeded")
+    return lines
 
 
 def _memory(job: FineTuneJob, reading: dict[str, float] | str | None) -> list[str]:

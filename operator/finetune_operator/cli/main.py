@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("logs_cmd", "print (-f: follow, across restarts) the trainer log of a job's rank"),
     "wait": ("wait_cmd", "wait until a job is Succeeded (or --for another state), with live progress"),
     "describe": ("describe_cmd", "a job's state, progress, ETA, plan vs measured memory, events and result"),
+    "serve": ("serve_cmd", "serve a job's result (KServe InferenceService, LLMInferenceService or a vLLM Deployment)"),
     "inspect-model": ("inspect_cmd", "read a model's config.json and file sizes (the operator's inspector pod)"),
 }
 

@@ -20,6 +20,7 @@ from .errors import (
     JobNotFound,
     JobRejected,
     MetricsUnavailable,
+    ServingRefused,
     StateUnreachable,
     WaitTimeout,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "JobRejected",
     "LocalClient",
     "MetricsUnavailable",
+    "ServingRefused",
     "StateUnreachable",
     "WaitTimeout",
 ]

@@ -34,6 +34,7 @@ from .errors import (
     JobNotFound,
     JobRejected,
     MetricsUnavailable,
+    ServingRefused,
     StateUnreachable,
     WaitTimeout,
 )
@@ -148,6 +149,38 @@ class FineTuneClient:
 
     def resume(self, name: str, *, namespace: str | None = None) -> FineTuneJob:
         return self._patch_spec(name, namespace, {"suspend": False})
+
+    def serve(
+        self,
+        name: str,
+        target: str = "InferenceService",
+        *,
+        namespace: str | None = None,
+        timeout: float | None = None,
+        **settings: Any,
+    ) -> FineTuneJob:
+        """Serve the job's result: set `spec.serving` (`target` and any of its fields, camelCase or
+        snake_case: model, baseModelUri, maxLoraRank, ...); the operator applies it once the job
+        succeeded. With `timeout`, wait until `status.serving` names what serves it (WaitTimeout
+        otherwise); a target that cannot serve it raises ServingRefused with the condition's message."""
+        ns = namespace or self.namespace
+        serving = {"target": target, **{_camel(key): value for key, value in settings.items()}}
+        job = self._patch_spec(name, ns, {"serving": serving})
+        if timeout is None:
+            return job
+        deadline = time.monotonic() + timeout
+        while True:
+            status = job.status
+            condition = next((c for c in status.conditions if c.type == "Serving"), None) if status else None
+            served = status is not None and status.serving is not None
+            if served and condition is not None and condition.status == "True":
+                return job
+            if condition is not None and condition.status == "False" and condition.reason == "ServingRefused":
+                raise ServingRefused(name, condition.message)
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(name, ("served",), timeout, job)
+            time.sleep(self.poll_seconds)
+            job = self.get(name, namespace=ns)
 
     def delete(self, name: str, *, namespace: str | None = None, wait: bool = False, timeout: float = 120) -> None:
         """Delete the job (its children go with it; never its output volume). With `wait`,
@@ -355,6 +388,11 @@ class FineTuneClient:
                 raise JobRejected(name, _problems(exc.body)) from None
             raise _not_found(exc, name, ns) from None
         return FineTuneJob.from_wire(patched)
+
+
+def _camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
 def _connect(kubeconfig: str | Path | None, context: str | None) -> tuple[kubernetes.client.ApiClient, str]:

@@ -71,6 +71,15 @@ class JobFailed(FineTuneClientError):
         super().__init__(f"{job.name} failed{why}")
 
 
+class ServingRefused(FineTuneClientError):
+    """The serving target cannot serve the job's result: the `Serving` condition's message names
+    the field and what would work."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"{name} cannot be served: {message}")
+        self.name, self.message = name, message
+
+
 class StateUnreachable(FineTuneClientError):
     """The job finished (Succeeded) without reaching the state waited for (e.g. Suspended)."""
 
