@@ -67,3 +67,22 @@ def test_the_70b_example_gets_a_cache_that_fits_and_a_too_small_one_is_refused_n
     err = capsys.readouterr().err
     assert "InvalidSpec: spec.model.cache.size 100Gi cannot hold meta-llama/Llama-3.1-70B" in err
     assert "its files are 131.4 GiB (141.1 GB); set at least 139Gi, or leave size unset for 160Gi" in err
+
+
+def test_render_previews_the_serving_objects_and_names_what_cannot_be_served(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = yaml.safe_load((EXAMPLES / "lora-8b-2x8.yaml").read_text())
+    doc["spec"]["serving"] = {"target": "InferenceService", "maxLoraRank": 32}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    assert main(["render", str(job)]) == 0
+    rendered = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    assert [d["kind"] for d in rendered] == ["ConfigMap", "Service", "StatefulSet", "InferenceService"]
+    uris = [s["uri"] for s in rendered[-1]["spec"]["predictor"]["storageUris"]]
+    assert uris == ["hf://meta-llama/Llama-3.1-8B", f"{doc['spec']['output']['uri'].rstrip('/')}/adapter"]
+    doc["spec"]["model"]["uri"] = "/models/in-the-image"
+    doc["spec"]["model"]["architecture"] = "meta-llama/Llama-3.1-8B"
+    job.write_text(yaml.safe_dump(doc))
+    assert main(["render", str(job)]) == 2
+    assert "serving: spec.serving.baseModelUri: model.uri '/models/in-the-image'" in capsys.readouterr().err

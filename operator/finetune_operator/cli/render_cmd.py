@@ -10,6 +10,8 @@ import yaml
 from ..plan import PlanningError, choose_plan
 from ..render.manifests import render_all
 from ..render.options import DEFAULT_TRAINER_IMAGE, RenderOptions
+from ..render.serving.choice import Refused
+from ..render.serving.objects import render_serving
 from .manifests import load_one
 
 
@@ -43,4 +45,11 @@ def run(args: argparse.Namespace) -> int:
     options = RenderOptions(trainer_image=args.image, pod_monitor=args.pod_monitor)
     objects = render_all(job, plan, options, replicas=job.spec.resources.num_nodes)
     print(yaml.dump_all(objects, Dumper=_BlockDumper, sort_keys=False, width=120), end="")
+    if job.spec.serving is not None:  # applied after success, from the URIs the run will report
+        served = render_serving(job)
+        if isinstance(served, Refused):
+            print(f"{args.file}: {job.name}: serving: {served}", file=sys.stderr)
+            return 2
+        print("---\n# spec.serving: applied once the job succeeded (not owned by the job)")
+        print(yaml.dump_all(served.objects, Dumper=_BlockDumper, sort_keys=False, width=120), end="")
     return 0
