@@ -12,10 +12,10 @@ from finetune_operator.cli.main import main
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def test_render_prints_the_three_children(capsys: pytest.CaptureFixture[str]) -> None:
+def test_render_prints_the_three_children_and_what_serves_the_result(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["render", str(EXAMPLES / "lora-8b-2x8.yaml")]) == 0
-    kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
-    assert kinds == ["ConfigMap", "Service", "StatefulSet"]
+    kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    assert kinds == ["ConfigMap", "Service", "StatefulSet", "InferenceService"]
 
 
 def test_unknown_model_is_a_message_naming_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
