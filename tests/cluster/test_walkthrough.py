@@ -30,7 +30,7 @@ def python_blocks(markdown: str) -> list[str]:
 
 def test_the_page_has_the_walkthrough_blocks() -> None:
     blocks = python_blocks(PAGE.read_text())
-    assert len(blocks) == 6, blocks
+    assert len(blocks) == 7, blocks
     assert "client.submit(" in blocks[0] and "client.logs(" in blocks[1] and "client.wait(" in blocks[2]
 
 
@@ -65,5 +65,6 @@ def test_the_walkthrough_runs(
     assert names["done"].status.state == "Succeeded" and names["result"].steps == STEPS, out
     assert f"step {STEPS}/{STEPS} loss " in out, out
     assert "adapter: pvc://ftjob-output/tiny-cpu/adapter" in out, out
+    assert "spec.serving.baseModelUri: model.uri 'builtin://tiny-llama' is not a location" in out, out
     assert "['metadata.labels: Invalid value: " in out, out
     assert f"locally: Succeeded {STEPS} steps" in out, out
