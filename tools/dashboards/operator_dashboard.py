@@ -110,6 +110,32 @@ JOBS = Row(
             ),
             min_value=0,
         ),
+        Panel(
+            "Gang restarts by job",
+            (
+                Target(
+                    f"max by (namespace, finetune_job) (finetune_operator_job_gang_restarts{{{NAMESPACE}}})"
+                    " or on () vector(0)",
+                    "{{namespace}}/{{finetune_job}}",
+                ),
+            ),
+            min_value=0,
+            description="status.restarts of each job: the FineTuneGangRestartLoop alert counts its changes.",
+        ),
+        Panel(
+            "Waiting: time in Pending, Planned or Queued",
+            (
+                Target(
+                    "max by (namespace, finetune_job, state) (time() - "
+                    "finetune_operator_job_state_since_timestamp_seconds"
+                    f'{{{NAMESPACE}, state=~"Pending|Planned|Queued"}}) or on () vector(0)',
+                    "{{namespace}}/{{finetune_job}} {{state}}",
+                ),
+            ),
+            unit="s",
+            min_value=0,
+            description="How long each job has waited to start: the FineTuneJobQueuedTooLong alert fires past 1h.",
+        ),
     ),
 )
 
