@@ -7,6 +7,7 @@ With `-f` the log is followed across gang restarts (the rank's next pod) until t
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..client import FineTuneClient
@@ -30,6 +31,9 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:  # a rank outside the job's world
             print(f"ftjob logs: {exc}", file=sys.stderr)
             return 2
+        except BrokenPipeError:  # `ftjob logs JOB | head`: the reader has all it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+            return 0
         return 0
 
     return run_with_client(args, body)
