@@ -88,9 +88,14 @@ def test_an_apply_that_fails_is_a_condition_and_is_retried_never_a_failed_job() 
 
 
 def test_what_the_target_cannot_serve_is_a_condition_naming_the_field() -> None:
-    store, reconciler, _ = succeeded(model={"uri": "builtin://tiny-llama"}, serving={"target": "Deployment"})
+    store, reconciler, events = succeeded(model={"uri": "builtin://tiny-llama"}, serving={"target": "Deployment"})
     reconciler.reconcile(store.job(), observe(None, []))
     condition = serving_condition(store)
     assert (condition["status"], condition["reason"]) == ("False", "ServingRefused")
     assert condition["message"].startswith("spec.serving.baseModelUri:")
     assert store.served == [] and store.body["status"]["state"] == "Succeeded"
+    reconciler.reconcile(store.job(), observe(None, []))
+    refusals = [e for e in events if e.reason == "ServingRefused"]
+    assert [(e.type, e.message) for e in refusals] == [("Warning", condition["message"])], (
+        "one Warning, not one per pass"
+    )

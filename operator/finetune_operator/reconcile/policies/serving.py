@@ -32,7 +32,10 @@ def after_success(inputs: Inputs, b: StatusBuilder, finished: Effects) -> Effect
         return finished
     served = render_serving(inputs.job, b.status.result)
     if isinstance(served, Refused):
-        b.cond(ConditionType.SERVING, False, R.SERVING_REFUSED, str(served), announce=True)
+        before = get(b.status.conditions, ConditionType.SERVING)
+        if before is None or before.reason != R.SERVING_REFUSED or before.message != str(served):
+            b.event(R.SERVING_REFUSED, str(served), warn=True)
+        b.cond(ConditionType.SERVING, False, R.SERVING_REFUSED, str(served))
         return finished
     applied = b.status.serving
     condition = get(b.status.conditions, ConditionType.SERVING)
