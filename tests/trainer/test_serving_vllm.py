@@ -8,7 +8,8 @@ held-out prompts through its OpenAI chat API, greedy, with the trainer's token b
 prompts are the ones the run evaluated (its prepared data's `demo_records`); the trainer's answer to
 each is recomputed with its own `evaluation.exact_match` (same batch, same budget) on the exported
 adapter, which must reproduce the run's `exactMatch`. Then the merged model is served alone and
-must answer the same.
+must answer the same; and an adapter above `--max-lora-rank` stops vLLM's start, as
+`lora_rank_refusal` says it would.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 from finetune_localcluster.vllm_server import VllmServer
-from finetune_operator.render.serving.vllm import server_args
+from finetune_operator.render.serving.vllm import lora_rank_refusal, server_args
 from tests.support.training_runs import Run, job_manifest, link_model_cache, render_config
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
@@ -86,7 +87,7 @@ def _differences(got: list[str], want: list[str], records: list[dict[str, Any]])
     ]
 
 
-@pytest.mark.timeout(2400)
+@pytest.mark.timeout(3600)  # 1888 s at load 18 on 2 cores (training 8.5 min, the recomputed evaluation 7)
 def test_vllm_serves_the_adapter_and_the_merged_model_with_the_trainers_answers(
     tmp_path: Path, smollm2_dir: Path, launch: Callable[..., Run], vllm_venv: Path
 ) -> None:
@@ -96,7 +97,7 @@ def test_vllm_serves_the_adapter_and_the_merged_model_with_the_trainers_answers(
         "/out",
         dataset={"format": "messages", "maxSeqLength": 48, "validationSplit": 0.02},
         method={"type": "lora", "lora": {"r": RANK, "alpha": 16, "dropout": 0.0}},
-        training={"maxSteps": 12, "microBatchSize": 8, "globalBatchSize": 8, "learningRate": 0.003},
+        training={"maxSteps": 16, "microBatchSize": 8, "globalBatchSize": 16, "learningRate": 0.005},
         resources={"numNodes": 1, "gpusPerNode": 0},
         output={"uri": "/out", "mergedModel": True},
     )
@@ -119,6 +120,12 @@ def test_vllm_serves_the_adapter_and_the_merged_model_with_the_trainers_answers(
     with VllmServer(tmp_path / "vllm-adapter", args) as server:
         assert sorted(server.models() or []) == sorted([ADAPTER, "smollm2-base"])
         served = _served_answers(server, ADAPTER, records, trainer.budget)
+        base_says = [
+            s["message"]["content"].strip()
+            for s in _served_answers(server, "smollm2-base", records[:16], trainer.budget)
+        ]
+    # the comparison tells the adapter from the base: the base alone answers otherwise
+    assert sum(b != t for b, t in zip(base_says, trainer.answers, strict=False)) >= 8, (base_says, trainer.answers)
     # the chat template as the trainer applied it, token for token
     assert [s["prompt_token_ids"] for s in served] == trainer.prompts
     adapter_says = [s["message"]["content"].strip() for s in served]
@@ -133,3 +140,15 @@ def test_vllm_serves_the_adapter_and_the_merged_model_with_the_trainers_answers(
     merged_says = [s["message"]["content"].strip() for s in merged_served]
     differ = _differences(merged_says, adapter_says, records)
     assert not differ, f"{len(differ)} of {len(records)} merged answers differ from base + adapter: {differ}"
+
+    # What lora_rank_refusal refuses, the real vLLM refuses: rank 8 above --max-lora-rank=1 stops its start.
+    refused = lora_rank_refusal(RANK, 1)
+    assert refused is not None and refused.field == "spec.serving.maxLoraRank", refused
+    too_small = server_args(str(smollm2_dir), served_name="smollm2-base", adapters={ADAPTER: str(out / "adapter")},
+                            max_lora_rank=1, dtype="float32", max_model_len=512)  # fmt: skip
+    with pytest.raises(RuntimeError, match="vllm serve exited"):
+        VllmServer(tmp_path / "vllm-refused", too_small).start()
+    assert (
+        f"LoRA rank {RANK} is greater than max_lora_rank 1"
+        in (tmp_path / "vllm-refused" / "vllm-server.log").read_text()
+    )

@@ -9,6 +9,7 @@ from finetune_operator.api.serving import VLLM_MAX_LORA_RANKS
 from finetune_operator.render.serving.choice import Refused
 from finetune_operator.render.serving.vllm import (
     SUPPORTED_LORA_RANKS,
+    lora_args,
     lora_rank_refusal,
     server_args,
     smallest_max_lora_rank,
@@ -45,6 +46,12 @@ def test_adapters_are_lora_modules_under_one_flag_with_the_rank_and_slots() -> N
         "--max-model-len=512",
         "--seed=1",
     ]
+
+
+def test_the_lora_arguments_alone_are_the_ones_server_args_passes() -> None:
+    adapters = {"chat": "/mnt/models/adapters/chat"}
+    assert lora_args({}, 16) == []
+    assert lora_args(adapters, 16) == server_args("m", served_name="m", adapters=adapters, max_lora_rank=16)[2:]
 
 
 @pytest.mark.parametrize(

@@ -45,28 +45,34 @@ def server_args(
     and `max_model_len` are passed when given; `extra` (the user's own arguments) comes last. A
     `max_lora_rank` vLLM does not accept, or an adapter name or path vLLM would misread, raises
     ValueError: `lora_rank_refusal` is the check that names the job's field."""
-    args = [model, f"--served-model-name={served_name}"]
-    if adapters:
-        if max_lora_rank not in SUPPORTED_LORA_RANKS:
-            raise ValueError(f"max_lora_rank {max_lora_rank} is not one of vLLM's: {_ranks()}")
-        for name, path in adapters.items():
-            if not ADAPTER_NAME.match(name):
-                raise ValueError(f"LoRA module name {name!r}: must match {ADAPTER_NAME.pattern}")
-            if "," in path or not path:
-                raise ValueError(f"LoRA module path {path!r}: vLLM reads a value with ',' as JSON")
-        args += [
-            "--enable-lora",
-            f"--max-lora-rank={max_lora_rank}",
-            f"--max-loras={len(adapters)}",
-            # one flag, every module after it: the flag's values replace, never add to, earlier ones
-            "--lora-modules",
-            *(f"{name}={path}" for name, path in sorted(adapters.items())),
-        ]
+    args = [model, f"--served-model-name={served_name}", *lora_args(adapters, max_lora_rank)]
     if dtype is not None:
         args.append(f"--dtype={dtype}")
     if max_model_len is not None:
         args.append(f"--max-model-len={max_model_len}")
     return [*args, *extra]
+
+
+def lora_args(adapters: Mapping[str, str], max_lora_rank: int) -> list[str]:
+    """vLLM's LoRA arguments for `adapters` (LoRA module name -> folder), also where the model is
+    passed otherwise (KServe's Hugging Face runtime takes `--model_dir`): none without adapters."""
+    if not adapters:
+        return []
+    if max_lora_rank not in SUPPORTED_LORA_RANKS:
+        raise ValueError(f"max_lora_rank {max_lora_rank} is not one of vLLM's: {_ranks()}")
+    for name, path in adapters.items():
+        if not ADAPTER_NAME.match(name):
+            raise ValueError(f"LoRA module name {name!r}: must match {ADAPTER_NAME.pattern}")
+        if "," in path or not path:
+            raise ValueError(f"LoRA module path {path!r}: vLLM reads a value with ',' as JSON")
+    return [
+        "--enable-lora",
+        f"--max-lora-rank={max_lora_rank}",
+        f"--max-loras={len(adapters)}",
+        # one flag, every module after it: the flag's values replace, never add to, earlier ones
+        "--lora-modules",
+        *(f"{name}={path}" for name, path in sorted(adapters.items())),
+    ]
 
 
 def smallest_max_lora_rank(rank: int) -> int | None:
