@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,13 +36,22 @@ def repo_root() -> Path:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The MLflow server's own venv is made (once per machine: minutes) before any test's timeout runs."""
-    if any("mlflow_server" in getattr(item, "fixturenames", ()) for item in session.items):
-        from finetune_localcluster.mlflow_server import server_venv
+    """The MLflow and vLLM servers' own venvs are made (once per machine: minutes) before any test's
+    timeout runs, for the tests that use them (`mlflow_server`, `vllm_venv`)."""
+    for fixture, module in (("mlflow_server", "mlflow_server"), ("vllm_venv", "vllm_server")):
+        if any(fixture in getattr(item, "fixturenames", ()) for item in session.items):
+            server_venv = importlib.import_module(f"finetune_localcluster.{module}").server_venv
+            capture = session.config.pluginmanager.getplugin("capturemanager")
+            with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+                server_venv()
 
-        capture = session.config.pluginmanager.getplugin("capturemanager")
-        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-            server_venv()
+
+@pytest.fixture(scope="session")
+def vllm_venv() -> Path:
+    """The vLLM server's venv (the lock's vllm-server group), made before the timeouts start."""
+    from finetune_localcluster.vllm_server import server_venv
+
+    return server_venv()
 
 
 @pytest.fixture(scope="session")

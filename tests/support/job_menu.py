@@ -158,7 +158,7 @@ MENU: dict[str, list[Any]] = {
         {"target": "Deployment", "maxLoraRank": 64, "gpus": 0, "args": ["--max-model-len=2048"]},
         {"target": "LLMInferenceService", "model": "merged"},
         {"target": "Deployment", "maxLoraRank": 24},
-        {"target": "InferenceService", "image": "vllm/vllm-openai:v0.11.0"},
+        {"target": "InferenceService", "image": "vllm/vllm-openai:v0.32.0"},
         {"target": "Deployment", "runtime": "kserve-huggingfaceserver"},
         {"target": "Knative"},
         {"target": "Deployment", "baseModelUri": "builtin://tiny-llama"},

@@ -55,6 +55,12 @@ def job_manifest(model_uri: str, dataset_uri: str, output_uri: str, **spec: Any)
     return {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {"name": "t"}, "spec": base}
 
 
+def link_model_cache(out: Path, model_dir: Path) -> None:
+    """Where the trainer looks for built-in models (`<output>/.cache`), pointing at a converted one."""
+    (out / ".cache").mkdir(parents=True, exist_ok=True)
+    (out / ".cache" / model_dir.name).symlink_to(model_dir)
+
+
 def render_config(directory: Path, manifest: dict[str, Any], hostfile: str | None = None) -> Path:
     """The operator's config files, under the fixed plan: the tests pin their strategy explicitly."""
     from finetune_operator.api.job import FineTuneJob

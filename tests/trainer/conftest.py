@@ -10,6 +10,7 @@ rendezvous port and its own output and termination-log paths.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """`builtin://smollm2-135m-instruct` converted once per machine (`FTJOB_TEST_MODEL_CACHE`, default
+    ~/.cache/finetune-operator/models); a run finds it through `link_model_cache`."""
+    from finetune_trainer.model.builtin_models import SMOLLM2, materialise_model
+
+    default = Path.home() / ".cache" / "finetune-operator" / "models"
+    return materialise_model(SMOLLM2, Path(os.environ.get("FTJOB_TEST_MODEL_CACHE", default)), 0)
 
 
 @pytest.fixture

@@ -4,13 +4,12 @@ The tiny random Llama proves the machinery; these prove the fine-tuning: the rea
 template's masking, token by token; EOS closing every response; LoRA leaving every base
 weight bit-identical; the merged model answering the learned task it could not answer
 before while still answering general questions; QLoRA on the 4-bit quantised model.
-The model is converted once per machine (`FTJOB_TEST_MODEL_CACHE`, default
-~/.cache/finetune-operator/models) and linked into each run's cache, as the trainer finds it.
+The model is converted once per machine (the tier's `smollm2_dir` fixture) and linked into each
+run's cache, as the trainer finds it.
 """
 
 from __future__ import annotations
 
-import os
 import random
 import re
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.training_runs import Run, job_manifest, render_config, write_jsonl
+from tests.support.training_runs import Run, job_manifest, link_model_cache, render_config, write_jsonl
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -34,20 +33,6 @@ REGRESSION = [
 Known damage, not asserted: after this training the merged model answers "What colour is the
 sky on a clear day?" in the code ("river tiger"), since colours are the code's inputs; the base
 answers "blue". Mixing general chat into the training data is the fix, not a different prompt."""
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir() -> Path:
-    from finetune_trainer.model.builtin_models import SMOLLM2, materialise_model
-
-    default = Path.home() / ".cache" / "finetune-operator" / "models"
-    return materialise_model(SMOLLM2, Path(os.environ.get("FTJOB_TEST_MODEL_CACHE", default)), 0)
-
-
-def _link_cache(out: Path, model_dir: Path) -> None:
-    """Where the trainer looks for built-in models (`<output>/.cache`), pointing at the converted one."""
-    (out / ".cache").mkdir(parents=True, exist_ok=True)
-    (out / ".cache" / model_dir.name).symlink_to(model_dir)
 
 
 def _generate(model: Any, tokenizer: Any, turns: list[dict[str, str]], max_new_tokens: int = 24) -> str:
@@ -158,7 +143,7 @@ def test_lora_learns_the_code_keeps_base_weights_and_general_answers(
         output={"uri": "/out", "mergedModel": True},
     )
     out = tmp_path / "out"
-    _link_cache(out, smollm2_dir)
+    link_model_cache(out, smollm2_dir)
     run = launch(render_config(tmp_path / "config", manifest), out)
     assert run.wait(2200) == 0, run.log()[-3000:]
 
@@ -206,7 +191,7 @@ def test_qlora_trains_the_4bit_model_on_cpu(tmp_path: Path, smollm2_dir: Path, l
         resources={"numNodes": 1, "gpusPerNode": 0},
     )
     out = tmp_path / "out"
-    _link_cache(out, smollm2_dir)
+    link_model_cache(out, smollm2_dir)
     run = launch(render_config(tmp_path / "config", manifest), out)
     assert run.wait(850) == 0, run.log()[-3000:]
     losses = run.losses()

@@ -5,10 +5,9 @@ The `mlflow` server package cannot share the project's virtual environment (its 
 dependency pins python-dateutil below the version the Kubernetes client needs, and pip would
 silently downgrade that client), so the server runs from a virtual environment of its own. Its
 versions come from the one lock like everything else: the `mlflow-server` dependency group of
-uv.lock (a fork of its own), exported and installed with hashes. The venv is made once per
-export under the cache (`~/.cache/finetune-operator/mlflow/<hash of the export>`) while holding
-a file lock, so parallel test workers neither race nor install twice; uv's cache keeps a rebuild
-cheap. The project's venv holds only the client (`mlflow-skinny`, the same locked release).
+uv.lock (a fork of its own), exported and installed with hashes by `locked_venv.group_venv`
+(once per export, under `~/.cache/finetune-operator/mlflow/<hash of the export>`). The project's
+venv holds only the client (`mlflow-skinny`, the same locked release).
 
 `MlflowServer` starts `mlflow server` with a sqlite backend store and a local artifact root
 (served through the server, `--serve-artifacts`, as pods would reach it), on 127.0.0.1 and a
@@ -18,12 +17,9 @@ port, the database and the artifacts: an outage, as a test sees it.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -31,65 +27,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from finetune_localcluster.binaries import REPO_ROOT, cache_dir
 from finetune_localcluster.cluster import with_parent_death_signal
+from finetune_localcluster.locked_venv import group_venv
 from finetune_localcluster.ports import free_port
 
-INSTALL_TIMEOUT_S = 1800
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 10.0
 
 
-def locked_requirements() -> str:
-    """The `mlflow-server` group of uv.lock, exported in pip's format with hashes."""
-    return subprocess.run(
-        [_uv(), "export", "--frozen", "--only-group", "mlflow-server", "--no-emit-project", "--no-header", "--quiet"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    ).stdout
-
-
-def _uv() -> str:
-    """The project venv's uv (locked in the dev group), else one on PATH."""
-    beside = Path(sys.prefix) / "bin" / "uv"
-    return str(beside) if beside.exists() else "uv"
-
-
 def server_venv() -> Path:
     """The virtual environment holding the locked `mlflow` server, created on first use."""
-    requirements = locked_requirements()
-    root = cache_dir() / "mlflow" / hashlib.sha256(requirements.encode()).hexdigest()[:16]
-    venv = root / "venv"
-    ready = root / "ready"
-    if ready.exists():
-        return venv
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / "install.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker may be installing: wait for it
-        if ready.exists():
-            return venv
-        started = time.monotonic()
-        print(f"finetune_localcluster: installing the locked MLflow server into {venv} (once)", file=sys.stderr)
-        (root / "requirements.txt").write_text(requirements)
-        subprocess.run([_base_python(), "-m", "venv", "--clear", "--without-pip", str(venv)], check=True, timeout=300)
-        subprocess.run(
-            # --no-config: the project's [tool.uv] settings are for its own venv, not this one.
-            [_uv(), "pip", "install", "--quiet", "--no-config", "--python", str(venv / "bin" / "python"), "--no-deps",
-             "--require-hashes", "--requirement", str(root / "requirements.txt")],
-            check=True,
-            timeout=INSTALL_TIMEOUT_S,
-        )  # fmt: skip
-        ready.write_text(f"{time.monotonic() - started:.0f} s\n")
-    return venv
-
-
-def _base_python() -> str:
-    """The interpreter the project's venv was made from (a venv inside a venv inherits nothing)."""
-    base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-    return str(base) if base.exists() else sys.executable
+    return group_venv("mlflow-server", "mlflow")
 
 
 class MlflowServer:

@@ -82,8 +82,11 @@ def exact_match(
     batch: int,
     max_new_tokens: int,
     all_reduce_sum: Callable[[list[float]], list[float]],
+    kept: int = 3,
 ) -> tuple[float, list[tuple[str, str]]]:
-    """Share of prompts whose greedy continuation (up to EOS) equals the answer, and examples."""
+    """Share of prompts whose greedy continuation (up to EOS) equals the answer, and the first
+    `kept` (expected, got) pairs of this rank (the serving tests keep them all, to compare a
+    server's answers with these, prompt by prompt)."""
     import torch
 
     shard = _shard(len(prompts), rank, world)
@@ -114,11 +117,20 @@ def exact_match(
                 if weight:
                     seen += 1
                     correct += float(text == answers[index].strip())
-                    if len(examples) < 3:
+                    if len(examples) < kept:
                         examples.append((answers[index], text))
     model.train(was_training)
     correct, seen = all_reduce_sum([correct, seen])
     return (correct / seen if seen else 0.0), examples
+
+
+GENERATION_BATCH = 32
+"""Held-out prompts generated for together (left-padded) by `generations`."""
+
+
+def answer_budget(tokenizer: Any, answers: Sequence[str]) -> int:
+    """The greedy steps `generations` takes: the longest answer's tokens, and one for its EOS."""
+    return max(len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers) + 1
 
 
 def generations(
@@ -136,7 +148,6 @@ def generations(
     pair's chosen one: does the policy now say what it prefers?"""
     if not prompts:
         return {}
-    longest = max(len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers)
     accuracy, examples = exact_match(
         model,
         tokenizer,
@@ -144,8 +155,8 @@ def generations(
         answers,
         rank=rank,
         world=world,
-        batch=32,
-        max_new_tokens=longest + 1,
+        batch=GENERATION_BATCH,
+        max_new_tokens=answer_budget(tokenizer, answers),
         all_reduce_sum=all_reduce_sum,
     )
     return {"exact_match": accuracy, "examples": [{"expected": e, "got": g} for e, g in examples]}

