@@ -156,3 +156,14 @@ def test_a_result_is_named_where_it_can_be_read_from_outside_the_pod(
     uri = paths.result_uri(output_uri, folder, folder / "adapter")
     assert uri == expected.format(root=tmp_path.resolve())
     assert not uri.startswith(str(tmp_path)), "never a bare path inside the pod"
+
+
+def test_a_result_uri_is_found_again_on_the_pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tracking uploads the adapter from where `result_uri` named it (an s3:// result is not on the pod)."""
+    monkeypatch.setenv(PodEnv.FTJOB_PVC_ROOT, str(tmp_path / "mnt"))
+    out = tmp_path / "mnt" / "runs" / "job"
+    for folder in (out / "adapter", tmp_path / "local" / "adapter"):
+        output_uri = "pvc://runs/job" if folder.parent == out else "/out"
+        uri = paths.result_uri(output_uri, folder.parent, folder)
+        assert paths.result_folder(uri) == folder.resolve(), uri
+    assert paths.result_folder("s3://bkt/runs/job/adapter") is None

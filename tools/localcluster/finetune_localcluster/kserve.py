@@ -66,7 +66,7 @@ def install(kube: Kube, version: str = KSERVE_VERSION, timeout: float = 60.0) ->
     for name in names:
         while True:
             got = kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-            conditions = got.get("status", {}).get("conditions", [])
+            conditions = (got.get("status") or {}).get("conditions") or []
             if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
                 break
             if time.monotonic() > deadline:

@@ -86,6 +86,15 @@ def result_uri(output_uri: str, out: Path, folder: Path) -> str:
     return f"file://{folder.resolve().as_posix()}"
 
 
+def result_folder(uri: str) -> Path | None:
+    """Where a result URI (`result_uri`'s `pvc://` or `file://`) is on this pod's filesystem; None
+    for `s3://` (uploaded, not here)."""
+    parsed = StorageUri.of(uri)
+    if parsed.scheme in (Scheme.CLAIM, Scheme.PATH):
+        return Path(str(resolve_uri(uri)))
+    return None
+
+
 def completion_marker(out: Path) -> Path:
     return out / COMPLETION_MARKER
 

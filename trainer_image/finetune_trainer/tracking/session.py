@@ -31,6 +31,7 @@ from finetune_operator.api.tracking import (
 )
 from finetune_trainer.checkpoint.s3_checkpoints import publish_tracking
 from finetune_trainer.settings import JobConfig, env_int
+from finetune_trainer.storage import paths
 from finetune_trainer.tracking.journal import journal_path
 from finetune_trainer.tracking.mlflow_sink import MlflowSink, RunSpec
 from finetune_trainer.tracking.params import replan_tags, run_params, run_tags
@@ -150,9 +151,10 @@ class TrackingSession:
             if not where:
                 continue
             pointers[f"ftjob.{name}_uri"] = where
-            size = _size(Path(where))
-            if name == "adapter" and 0 < size <= limit:
-                artifacts.append((Path(where), name))
+            local = paths.result_folder(where)  # pvc:// and file:// name a folder on this pod
+            size = _size(local) if local is not None else 0
+            if local is not None and name == "adapter" and 0 < size <= limit:
+                artifacts.append((local, name))
             elif size:
                 pointers[f"ftjob.{name}_artifact"] = (
                     f"not uploaded: {size / 2**20:.0f} MiB (uploads are up to {ARTIFACT_MAX_ENV}={limit} bytes); "
