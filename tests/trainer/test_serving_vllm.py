@@ -87,7 +87,7 @@ def _differences(got: list[str], want: list[str], records: list[dict[str, Any]])
     ]
 
 
-@pytest.mark.timeout(3600)  # 1888 s at load 18 on 2 cores (training 8.5 min, the recomputed evaluation 7)
+@pytest.mark.timeout(3600)  # 417 s at load ~7 on 2 cores (8 steps; 1888 s at load 18 with 16 steps and twice the prompts)
 def test_vllm_serves_the_adapter_and_the_merged_model_with_the_trainers_answers(
     tmp_path: Path, smollm2_dir: Path, launch: Callable[..., Run], vllm_venv: Path
 ) -> None:
@@ -95,9 +95,9 @@ def test_vllm_serves_the_adapter_and_the_merged_model_with_the_trainers_answers(
         "builtin://smollm2-135m-instruct",
         "builtin://secret-code",
         "/out",
-        dataset={"format": "messages", "maxSeqLength": 48, "validationSplit": 0.02},
+        dataset={"format": "messages", "maxSeqLength": 48, "validationSplit": 0.01},
         method={"type": "lora", "lora": {"r": RANK, "alpha": 16, "dropout": 0.0}},
-        training={"maxSteps": 16, "microBatchSize": 8, "globalBatchSize": 16, "learningRate": 0.005},
+        training={"maxSteps": 8, "microBatchSize": 8, "globalBatchSize": 16, "learningRate": 0.01},
         resources={"numNodes": 1, "gpusPerNode": 0},
         output={"uri": "/out", "mergedModel": True},
     )
@@ -108,7 +108,7 @@ def test_vllm_serves_the_adapter_and_the_merged_model_with_the_trainers_answers(
     summary = run.summary()
 
     records = _held_out_records(out)
-    assert len(records) >= 32, len(records)
+    assert len(records) >= 24, len(records)
     trainer = _trainer_answers(smollm2_dir, out, records)
     assert trainer.exact_match == summary["exactMatch"], (trainer.exact_match, summary)
     expected = [r["messages"][-1]["content"].strip() for r in records]
