@@ -87,7 +87,9 @@ def _differences(got: list[str], want: list[str], records: list[dict[str, Any]])
     ]
 
 
-@pytest.mark.timeout(3600)  # 417 s at load ~7 on 2 cores (8 steps; 1888 s at load 18 with 16 steps and twice the prompts)
+@pytest.mark.timeout(
+    3600
+)  # 417 s at load ~7 on 2 cores (8 steps; 1888 s at load 18 with 16 steps and twice the prompts)
 def test_vllm_serves_the_adapter_and_the_merged_model_with_the_trainers_answers(
     tmp_path: Path, smollm2_dir: Path, launch: Callable[..., Run], vllm_venv: Path
 ) -> None:
