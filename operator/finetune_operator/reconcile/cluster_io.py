@@ -16,7 +16,7 @@ ownership, and a foreign pod carrying it must survive).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from kubernetes import client
@@ -126,25 +126,26 @@ class KubernetesClusterIO:
         (`owner_uid`), and the apply names that object's uid, so one replaced meanwhile is
         not written either. Any refusal raises `ChildWriteError`, for a condition on the job.
         """
-        for obj in objects:
-            kind, name = obj["kind"], obj["metadata"]["name"]
-            try:
-                existing = self._read_child(obj)
-                if existing is None:
-                    self._apply_one(obj, force=False)
-                    continue
-                if controller_uid(existing, KIND) != owner_uid or not owner_uid:
-                    raise ChildWriteError(kind, name, None, NOT_OURS, conflict=True)
-                uid = (existing.get("metadata") or {}).get("uid")
-                self._apply_one({**obj, "metadata": {**obj["metadata"], "uid": uid}}, force=True)
-            except ApiException as exc:
-                raise ChildWriteError(kind, name, exc.status, _api_message(exc)) from exc
-            except HTTPError as exc:
-                raise ChildWriteError(kind, name, None, f"{type(exc).__name__}: {exc}") from exc
+        self._apply_guarded(
+            objects, lambda existing: bool(owner_uid) and controller_uid(existing, KIND) == owner_uid, NOT_OURS
+        )
 
     def apply_served(self, objects: Iterable[dict[str, Any]], job_uid: str) -> None:
         """Apply the serving objects: created when absent, applied over (forced, naming its uid)
         only when the existing one carries this job's uid annotation."""
+
+        def ours(existing: dict[str, Any]) -> bool:
+            annotations = (existing.get("metadata") or {}).get("annotations") or {}
+            return bool(job_uid) and annotations.get(SERVED_JOB_UID_ANNOTATION) == job_uid
+
+        self._apply_guarded(objects, ours, NOT_SERVED_BY_JOB)
+
+    def _apply_guarded(
+        self, objects: Iterable[dict[str, Any]], ours: Callable[[dict[str, Any]], bool], not_ours: str
+    ) -> None:
+        """Create each object that is absent; apply over (forced, naming its uid, so one replaced
+        meanwhile is not written) one that `ours` says the job may write; refuse any other with
+        `not_ours`. Every refusal or apiserver error raises `ChildWriteError`."""
         for obj in objects:
             kind, name = obj["kind"], obj["metadata"]["name"]
             try:
@@ -152,10 +153,10 @@ class KubernetesClusterIO:
                 if existing is None:
                     self._apply_one(obj, force=False)
                     continue
-                meta = existing.get("metadata") or {}
-                if not job_uid or (meta.get("annotations") or {}).get(SERVED_JOB_UID_ANNOTATION) != job_uid:
-                    raise ChildWriteError(kind, name, None, NOT_SERVED_BY_JOB, conflict=True)
-                self._apply_one({**obj, "metadata": {**obj["metadata"], "uid": meta.get("uid")}}, force=True)
+                if not ours(existing):
+                    raise ChildWriteError(kind, name, None, not_ours, conflict=True)
+                uid = (existing.get("metadata") or {}).get("uid")
+                self._apply_one({**obj, "metadata": {**obj["metadata"], "uid": uid}}, force=True)
             except ApiException as exc:
                 raise ChildWriteError(kind, name, exc.status, _api_message(exc)) from exc
             except HTTPError as exc:
